@@ -1,0 +1,255 @@
+"""Benchmark flashattn against SDPA's backends, all measured in one run.
+
+    python -m flashattn.bench                       # the course's grid on a GPU
+    python -m flashattn.bench --quick               # a tiny grid (also runs on the CPU)
+    python -m flashattn.bench --dtypes fp16 --head-dims 128 --seqlens 4096 16384
+
+Times are medians of many runs (``triton.testing.do_bench`` on a GPU, which also flushes the
+L2 cache between runs). FLOPs are counted as the course's anchors count them:
+forward 4*B*H*S_q*S_k*D, backward 2.5x the forward, causal half of either. Results go to a
+JSON file (device, versions, date, every number) and a PNG plot.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from . import runtime
+from .autograd import flash_attention
+from .reference import attention_autograd
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+# --------------------------------------------------------------------------------------
+# providers: name -> attention function (q, k, v, causal) -> out
+# --------------------------------------------------------------------------------------
+def _sdpa_backend(backend_name: str) -> Callable:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return run
+
+
+def providers() -> dict[str, Callable]:
+    table = {
+        "flashattn": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal),
+        "sdpa-flash": _sdpa_backend("FLASH_ATTENTION"),
+        "sdpa-cudnn": _sdpa_backend("CUDNN_ATTENTION"),
+        "sdpa-efficient": _sdpa_backend("EFFICIENT_ATTENTION"),
+        "naive": lambda q, k, v, causal: attention_autograd(q, k, v, causal=causal),
+    }
+    try:  # the tuned path, where it exists
+        from .fast import flash_attention_fast
+
+        table["flashattn-fast"] = lambda q, k, v, causal: flash_attention_fast(q, k, v, causal=causal)
+    except ImportError:
+        pass
+    return table
+
+
+DEFAULT_PROVIDERS = ["flashattn-fast", "flashattn", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"]
+
+
+# --------------------------------------------------------------------------------------
+# timing and FLOPs
+# --------------------------------------------------------------------------------------
+def attention_flops(B, H, S_q, S_k, D, causal, mode) -> float:
+    flops = 4.0 * B * H * S_q * S_k * D
+    if causal:
+        flops *= 0.5
+    return flops * (2.5 if mode == "bwd" else 1.0)
+
+
+def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
+    if torch.cuda.is_available():
+        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+    fn()  # warm-up (and, in the interpreter, nothing is compiled anyway)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure(fn, B, H, S, D, causal, dtype, device, rep_ms=100) -> dict:
+    """Forward and backward time (ms), TFLOP/s and peak memory (MiB) of one provider."""
+    q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+    do = torch.randn(B, H, S, D, dtype=dtype, device=device)
+    result = {}
+    try:
+        with torch.no_grad():
+            fwd_ms = median_ms(lambda: fn(q, k, v, causal), rep_ms)
+        out = fn(q, k, v, causal)
+        bwd_ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True), rep_ms)
+        del out
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
+            torch.cuda.synchronize()
+            result["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+    except torch.cuda.OutOfMemoryError:
+        return {"error": "out of memory"}
+    except RuntimeError as err:  # e.g. an SDPA backend that does not support this config
+        return {"error": str(err).splitlines()[0][:160]}
+    finally:
+        del q, k, v, do
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    result.update(
+        fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+        fwd_tflops=attention_flops(B, H, S, S, D, causal, "fwd") / fwd_ms * 1e-9,
+        bwd_tflops=attention_flops(B, H, S, S, D, causal, "bwd") / bwd_ms * 1e-9,
+    )
+    return result
+
+
+# --------------------------------------------------------------------------------------
+# the grid, the table, the files
+# --------------------------------------------------------------------------------------
+def environment() -> dict:
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "where": runtime.where(),
+    }
+    if torch.cuda.is_available():
+        info.update(device=torch.cuda.get_device_name(), cuda=torch.version.cuda,
+                    capability=".".join(map(str, torch.cuda.get_device_capability())))
+        try:
+            info["cudnn"] = torch.backends.cudnn.version()
+        except Exception:  # pragma: no cover
+            pass
+    else:
+        info["device"] = "CPU (Triton interpreter)"
+    return info
+
+
+def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden, rep_ms=100,
+             progress=True) -> list[dict]:
+    from tqdm.auto import tqdm
+
+    table = providers()
+    missing = [p for p in provider_names if p not in table]
+    provider_names = [p for p in provider_names if p in table]
+    if missing:
+        print(f"(skipping unknown providers: {', '.join(missing)})", file=sys.stderr)
+    device = runtime.default_device()
+    jobs = [(dt, D, S, c, p) for dt in dtypes for D in head_dims for S in seqlens for c in causals
+            for p in provider_names]
+    rows = []
+    for dt, D, S, causal, name in tqdm(jobs, desc="benchmark", disable=not progress):
+        B, H = max(1, tokens // S), max(1, hidden // D)
+        row = dict(provider=name, dtype=dt, B=B, H=H, S=S, D=D, causal=causal)
+        row.update(measure(table[name], B, H, S, D, causal, DTYPES[dt], device, rep_ms))
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'dtype':<5} {'D':>4} {'S':>6} {'causal':>6}  {'provider':<15}{'fwd ms':>9}{'fwd TF/s':>10}{'bwd ms':>9}{'bwd TF/s':>10}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cfg = f"{r['dtype']:<5} {r['D']:>4} {r['S']:>6} {str(r['causal']):>6}  {r['provider']:<15}"
+        if "error" in r:
+            lines.append(cfg + f"  ({r['error'][:60]})")
+        else:
+            lines.append(cfg + f"{r['fwd_ms']:>9.3f}{r['fwd_tflops']:>10.1f}{r['bwd_ms']:>9.3f}{r['bwd_tflops']:>10.1f}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], env: dict, path: Path) -> None:
+    """TFLOP/s against S, one line per provider; a panel per (dtype, D, causal, fwd/bwd)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["dtype"], r["D"], r["causal"]) for r in rows}, key=str)
+    fig, axes = plt.subplots(2, len(groups), figsize=(3.6 * len(groups), 6.4), squeeze=False)
+    for col, (dt, D, causal) in enumerate(groups):
+        for row_i, mode in enumerate(("fwd", "bwd")):
+            ax = axes[row_i][col]
+            for name in dict.fromkeys(r["provider"] for r in rows):
+                pts = sorted((r["S"], r[f"{mode}_tflops"]) for r in rows
+                             if (r["dtype"], r["D"], r["causal"], r["provider"]) == (dt, D, causal, name)
+                             and "error" not in r)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{mode} {dt} D={D}{' causal' if causal else ''}", fontsize=9)
+            ax.set_xlabel("sequence length S")
+            if col == 0:
+                ax.set_ylabel("TFLOP/s")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{env.get('device')}  torch {env['torch']}  triton {env['triton']}  {env['date'][:10]}",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flashattn.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", nargs="+", default=["fp16", "bf16"], choices=list(DTYPES))
+    ap.add_argument("--head-dims", nargs="+", type=int, default=[64, 128])
+    ap.add_argument("--seqlens", nargs="+", type=int, default=[1024, 4096, 16384])
+    ap.add_argument("--causal", choices=["both", "yes", "no"], default="both")
+    ap.add_argument("--providers", nargs="+", default=DEFAULT_PROVIDERS)
+    ap.add_argument("--tokens", type=int, default=16384, help="B * S, kept fixed across S")
+    ap.add_argument("--hidden", type=int, default=2048, help="H * D, kept fixed across D")
+    ap.add_argument("--rep-ms", type=int, default=100, help="time budget per measurement (ms)")
+    ap.add_argument("--out", default="results", help="folder for the JSON and PNG")
+    ap.add_argument("--name", default=None, help="file stem (default: bench_<device>)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a tiny grid that runs anywhere, the CPU interpreter included")
+    args = ap.parse_args(argv)
+
+    if args.quick:
+        args.seqlens, args.head_dims, args.tokens, args.hidden = [64, 128], [32], 128, 64
+        args.dtypes = ["fp16"] if runtime.INTERPRET else args.dtypes[:1]
+        args.providers = [p for p in args.providers if p in ("flashattn", "flashattn-fast", "sdpa-flash", "naive")]
+    elif runtime.INTERPRET:
+        print("No GPU: the full benchmark would take hours in Triton's interpreter and measure "
+              "nothing useful. Run it on a GPU, or use --quick to try the machinery here.",
+              file=sys.stderr)
+        return 2
+    causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
+    env = environment()
+    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"benchmarking on {env['where']}")
+    rows = run_grid(args.dtypes, args.head_dims, args.seqlens, causals, args.providers,
+                    args.tokens, args.hidden, args.rep_ms)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or "bench_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
+    plot(rows, env, out / f"{stem}.png")
+    print(format_table(rows))
+    print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""Device, dtype and block-size policy.
+
+This module is imported before any kernel is defined, because Triton decides when a
+``@triton.jit`` function is *defined* whether it will run compiled on a GPU or inside its
+Python interpreter (``TRITON_INTERPRET=1``). The rule:
+
+* ``TRITON_INTERPRET`` already set by the user: respect it.
+* otherwise, no CUDA device: switch the interpreter on, so the very same kernels run on the
+  CPU (slowly, but exactly), with nothing for the user to do.
+
+Everything else here is policy the launchers share: which dtypes a kernel may see, how to
+pad the head dimension, which block sizes fit the device's shared memory, and how to allocate
+outputs (optionally poisoned with NaN, so a kernel that forgets to write an element is caught).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+
+def _decide_interpret() -> bool:
+    env = os.environ.get("TRITON_INTERPRET")
+    if env is not None:
+        return env.strip() not in ("", "0", "false", "False")
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+#: True when the kernels run in Triton's CPU interpreter (decided once, at import).
+INTERPRET: bool = _decide_interpret()
+
+import torch  # noqa: E402  (after the interpreter decision on purpose)
+import triton  # noqa: E402
+
+
+def _check_interpreter_numpy() -> None:
+    # Triton < 3.8's interpreter converts loop bounds with int(array([n])), which NumPy 2.4
+    # turned into a TypeError deep inside the first kernel launch. Say so up front instead.
+    import numpy as np
+
+    tv = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    nv = tuple(int(x) for x in np.__version__.split(".")[:2])
+    if tv < (3, 8) and nv >= (2, 4):
+        raise ImportError(
+            f"Triton {triton.__version__}'s CPU interpreter does not work with NumPy "
+            f"{np.__version__}. Upgrade Triton (pip install -U 'triton>=3.8') or keep NumPy "
+            "below 2.4 (pip install 'numpy<2.4')."
+        )
+
+
+if INTERPRET:
+    _check_interpreter_numpy()
+
+
+class BF16FallbackWarning(UserWarning):
+    """bf16 was requested where Triton cannot multiply bf16; the kernels ran in fp32."""
+
+
+# --------------------------------------------------------------------------------------
+# devices and dtypes
+# --------------------------------------------------------------------------------------
+def where() -> str:
+    """A one-line description of where the kernels run, for notebooks and logs."""
+    if INTERPRET:
+        return f"CPU, Triton interpreter (triton {triton.__version__}, torch {torch.__version__})"
+    name = torch.cuda.get_device_name()
+    cc = ".".join(map(str, torch.cuda.get_device_capability()))
+    return f"{name} (sm {cc}, triton {triton.__version__}, torch {torch.__version__})"
+
+
+def default_device() -> torch.device:
+    """The device tensors should live on: CUDA when kernels are compiled, CPU in the interpreter."""
+    return torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
+def _bf16_dot_supported(device: torch.device) -> bool:
+    # The interpreter multiplies bf16 bit patterns as integers (triton issue 11584), and GPUs
+    # before Ampere (a Colab T4 is sm 7.5) have no bf16 tensor cores.
+    if INTERPRET:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def supported_dtypes() -> tuple[torch.dtype, ...]:
+    """Dtypes the kernels accept as they are, here."""
+    if INTERPRET:
+        return (torch.float16, torch.float32, torch.float64)
+    return (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype the kernels will run in for inputs of ``dtype``.
+
+    bf16 where bf16 matrix products are impossible (CPU interpreter, pre-Ampere GPU) is run in
+    fp32 and the results are cast back to bf16, with a BF16FallbackWarning: loud, not silent.
+    """
+    if dtype == torch.bfloat16 and not _bf16_dot_supported(device):
+        where_ = "the Triton CPU interpreter" if INTERPRET else "this GPU (bf16 needs sm 8.0+)"
+        warnings.warn(
+            f"bf16 is not supported by {where_}: flash_attention runs the kernels in fp32 and "
+            "casts the results back to bf16. Use float16 or float32 to silence this.",
+            BF16FallbackWarning,
+            stacklevel=3,
+        )
+        return torch.float32
+    return dtype
+
+
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of LSE, delta and the accumulators: fp32, or fp64 for fp64 inputs (so that
+    ``torch.autograd.gradcheck`` sees float64 all the way through)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` for ``tl.dot``: exact IEEE products for fp32 (Triton's default there
+    would be TF32, ~1e-3 relative error); the value is ignored for other dtypes."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def head_dim_block(head_dim: int) -> int:
+    """Head dims are padded to a power of two (at least 16, the smallest ``tl.dot``) and the
+    padding is masked in every load and store."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+# --------------------------------------------------------------------------------------
+# input validation, shared by the public function and the raw launchers
+# --------------------------------------------------------------------------------------
+def _describe(t) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"tensor of shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+    return f"{type(t).__name__}"
+
+
+def check_qkv(q, k, v, *, allow_bf16_fallback: bool = False) -> None:
+    """Raise TypeError / ValueError naming what was expected and what came."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {_describe(t)}")
+        if t.dim() != 4:
+            layout = "[B, H, S_q, D]" if name == "q" else "[B, H_kv, S_k, D]"
+            raise ValueError(f"{name} must be 4-D {layout}, got {t.dim()}-D shape {tuple(t.shape)}")
+        if t.numel() == 0:
+            raise ValueError(f"{name} is empty (shape {tuple(t.shape)}): every dimension must be >= 1")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    ok = supported_dtypes() + ((torch.bfloat16,) if allow_bf16_fallback else ())
+    if q.dtype not in ok:
+        raise TypeError(
+            f"dtype {q.dtype} is not supported here ({'interpreter' if INTERPRET else 'GPU'}); "
+            f"expected one of {', '.join(str(d) for d in ok)}"
+        )
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
+    if not INTERPRET and q.device.type != "cuda":
+        raise ValueError(
+            f"the kernels are compiled for the GPU, so q, k, v must be CUDA tensors, got {q.device}. "
+            "(Set TRITON_INTERPRET=1 before importing flashattn to run them on the CPU.)"
+        )
+    B, H, S_q, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    Bk, H_kv, S_k, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"batch size differs: q has B={B}, k and v have B={Bk}")
+    if Dk != D:
+        raise ValueError(f"head dim differs: q has D={D}, k and v have D={Dk}")
+    if H % H_kv != 0:
+        raise ValueError(
+            f"the number of query heads must be a multiple of the number of key/value heads "
+            f"(GQA), got H={H} and H_kv={H_kv}"
+        )
+    if D % 8 != 0 or D > 256:
+        raise ValueError(f"head dim D must be a multiple of 8 and at most 256, got D={D}")
+
+
+def check_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or None, got {_describe(scale)}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_causal(causal) -> bool:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {_describe(causal)}")
+    return causal
+
+
+def check_grad_output(do, o) -> None:
+    if not isinstance(do, torch.Tensor):
+        raise TypeError(f"dO must be a torch.Tensor, got {_describe(do)}")
+    if do.shape != o.shape:
+        raise ValueError(f"dO must have the output's shape {tuple(o.shape)}, got {tuple(do.shape)}")
+    if do.device != o.device:
+        raise ValueError(f"dO must be on {o.device}, got {do.device}")
+
+
+# --------------------------------------------------------------------------------------
+# outputs: optionally poisoned with NaN so that unwritten elements show up in tests
+# --------------------------------------------------------------------------------------
+_poison = os.environ.get("FLASHATTN_POISON", "0") == "1"
+
+
+@contextlib.contextmanager
+def poisoned_outputs(enabled: bool = True):
+    """Inside this block every output buffer starts as NaN instead of uninitialised memory."""
+    global _poison
+    before, _poison = _poison, enabled
+    try:
+        yield
+    finally:
+        _poison = before
+
+
+def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    if _poison:
+        return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
+    return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+# --------------------------------------------------------------------------------------
+# block sizes that fit the device's shared memory
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch options of one kernel launch."""
+
+    BLOCK_M: int  # query rows per tile
+    BLOCK_N: int  # key/value rows per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def launch_options(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+#: What the interpreter uses: block size barely matters for correctness there, and 32 keeps
+#: the number of Python-level steps small.
+INTERPRETER_CONFIG = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=1, num_stages=1)
+
+# Candidates per kernel, best first. The two-kernel backward anchor in the course design is
+# 64 x 64, 4 warps, 3 stages; the forward likes a taller Q tile.
+_GPU_CANDIDATES = {
+    "fwd": [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 2),
+            KernelConfig(32, 32, 4, 1), KernelConfig(16, 16, 2, 1)],
+    "dq": [KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 1),
+           KernelConfig(16, 16, 2, 1)],
+    "dkdv": [KernelConfig(64, 64, 4, 3), KernelConfig(32, 64, 4, 2), KernelConfig(32, 32, 4, 1),
+             KernelConfig(16, 16, 2, 1)],
+    "delta": [KernelConfig(64, 64, 4, 1)],
+}
+
+
+def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_bytes: int) -> int:
+    """Bytes of shared memory a launch is expected to need (a deliberate over-estimate).
+
+    Tiles streamed through the loop are multi-buffered ``num_stages`` deep; tiles held for the
+    whole program and the P / dS tiles re-laid-out as ``tl.dot`` operands also pass through
+    shared memory.
+    """
+    M, N, D, st = cfg.BLOCK_M, cfg.BLOCK_N, block_d, max(cfg.num_stages, 1)
+    if kernel == "fwd":  # holds Q; streams K, V; re-lays out P
+        elems = M * D + st * 2 * N * D + M * N
+    elif kernel == "dq":  # holds Q, dO; streams K, V; re-lays out dS
+        elems = 2 * M * D + st * 2 * N * D + M * N
+    elif kernel == "dkdv":  # holds K, V; streams Q, dO; re-lays out P^T and dS^T
+        elems = 2 * N * D + st * 2 * M * D + 2 * M * N
+    elif kernel == "delta":
+        elems = 0
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}")
+    return int(elems * elem_bytes * 1.1)
+
+
+def device_shared_memory(device: torch.device | None = None) -> int:
+    """Largest shared memory one program may use on this GPU (opt-in limit), in bytes."""
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # pragma: no cover - depends on the Triton build
+        return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
+
+
+def fitting_configs(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> list[KernelConfig]:
+    """The GPU candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
+    best first (the smallest candidate if none fits: let the compiler have the last word)."""
+    block_d = head_dim_block(head_dim)
+    fits = [c for c in _GPU_CANDIDATES[kernel]
+            if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
+    return fits or [_GPU_CANDIDATES[kernel][-1]]
+
+
+def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
+                      config: KernelConfig | None = None) -> list[KernelConfig]:
+    """Configs to try, best first: the user's if given, else those that fit this device."""
+    if config is not None:
+        return [config]
+    if INTERPRET:
+        return [INTERPRETER_CONFIG]
+    elem_bytes = torch.empty((), dtype=dtype).element_size()
+    return fitting_configs(kernel, head_dim, elem_bytes, device_shared_memory(device))
+
+
+_chosen: dict = {}
+
+
+def launch(key: tuple, configs: Iterable[KernelConfig], run: Callable[[KernelConfig], None]) -> KernelConfig:
+    """Run ``run(cfg)`` with the first config that compiles within the device's resources.
+
+    The estimate above picks the candidates; if Triton still reports OutOfResources (the
+    estimate was optimistic for this compiler), the next, smaller config is tried and the
+    choice is remembered for ``key``.
+    """
+    from triton.runtime.errors import OutOfResources
+
+    configs = list(configs)
+    if key in _chosen and _chosen[key] in configs:
+        configs = configs[configs.index(_chosen[key]):]
+    last_error = None
+    for cfg in configs:
+        try:
+            run(cfg)
+        except OutOfResources as err:
+            last_error = err
+            continue
+        _chosen[key] = cfg
+        return cfg
+    raise RuntimeError(f"no kernel config fits this device's resources (last error: {last_error})")

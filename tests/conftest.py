@@ -1,0 +1,85 @@
+"""Shared fixtures: device, dtypes and sizes chosen by where the kernels run.
+
+On the CPU (Triton interpreter) the suite runs small shapes that still cross block
+boundaries (blocks are forced to 16 x 16 where it matters); on a GPU the same tests run at
+realistic sizes. Every output buffer starts as NaN, so an element a kernel forgets to write
+fails the comparison instead of passing by luck.
+"""
+import zlib
+
+import pytest
+import torch
+
+import flashattn
+from flashattn import runtime
+
+ON_GPU = not flashattn.INTERPRET
+DEVICE = flashattn.default_device()
+
+#: dtypes the kernels run natively here
+DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_GPU else [torch.float16, torch.float32, torch.float64]
+
+#: relative error allowed against a float64 (CPU) / float32 (GPU, large) reference, per head
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(autouse=True)
+def poison_outputs():
+    with runtime.poisoned_outputs():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed(request):
+    # A different seed per test (fresh inputs), reproducible from the test's name.
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    yield
+
+
+def rand(*shape, dtype=torch.float32, layout="contiguous", device=DEVICE):
+    """Random [B, H, S, D] tensor in a given memory layout (values are the same kind either way).
+
+    contiguous: plain;  bshd: allocated [B, S, H, D] then transposed (the usual projection
+    output);  sliced: every other element of a wider tensor's last dim (non-unit stride);
+    padded_heads: a slice of a tensor with extra heads (head stride unlike anyone else's).
+    """
+    B, H, S, D = shape
+    if layout == "contiguous":
+        return torch.randn(B, H, S, D, dtype=dtype, device=device)
+    if layout == "bshd":
+        return torch.randn(B, S, H, D, dtype=dtype, device=device).transpose(1, 2)
+    if layout == "sliced":
+        return torch.randn(B, H, S, 2 * D, dtype=dtype, device=device)[..., ::2]
+    if layout == "padded_heads":
+        return torch.randn(B, H + 3, S, D, dtype=dtype, device=device)[:, 1:H + 1]
+    raise ValueError(layout)
+
+
+def per_head_error(actual, expected):
+    return flashattn.verify.per_head_relative_error(actual.double(), expected.double())
+
+
+def assert_close_per_head(name, actual, expected, tol):
+    assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    assert torch.isfinite(actual).all(), f"{name}: NaN/inf in output (unwritten elements?)"
+    err = per_head_error(actual, expected)
+    worst = float(err.max())
+    assert worst <= tol, f"{name}: worst head rel err {worst:.2e} > {tol:.0e}; per head:\n{err}"
+
+
+def reference(q, k, v, do=None, *, causal=False, scale=None):
+    """High-precision oracle: float64 materialised reference (one batch element at a time)."""
+    outs = [flashattn.attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1],
+                                          None if do is None else do[b:b + 1],
+                                          causal=causal, scale=scale)
+            for b in range(q.shape[0])]
+    fields = ["O", "LSE"] + ([] if do is None else ["delta", "dQ", "dK", "dV"])
+    return {f: torch.cat([getattr(o, f) for o in outs]) for f in fields}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: every core on the CPU; on a GPU two workers share the card (the
+    realistic-size tests hold a float64 reference of several GB each)."""
+    import os
+
+    return 2 if torch.cuda.is_available() else max(1, os.cpu_count() or 1)

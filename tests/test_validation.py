@@ -1,0 +1,78 @@
+"""Bad input gets a TypeError / ValueError that names what was expected and what came."""
+import pytest
+import torch
+
+import flashattn
+from flashattn import flash_attention
+
+from conftest import DEVICE, ON_GPU, rand
+
+
+def ok(B=1, H=2, H_kv=2, S_q=8, S_k=8, D=16, dtype=torch.float32):
+    return rand(B, H, S_q, D, dtype=dtype), rand(B, H_kv, S_k, D, dtype=dtype), rand(B, H_kv, S_k, D, dtype=dtype)
+
+
+CASES = {
+    "q not a tensor": (lambda q, k, v: ([[1.0]], k, v), TypeError, "q must be a torch.Tensor"),
+    "3-D q": (lambda q, k, v: (q[0], k, v), ValueError, r"q must be 4-D \[B, H, S_q, D\], got 3-D"),
+    "5-D k": (lambda q, k, v: (q, k[None], v), ValueError, "k must be 4-D"),
+    "dtype mismatch": (lambda q, k, v: (q, k.double(), v), TypeError, "share one dtype"),
+    "integer dtype": (lambda q, k, v: (q.int(), k.int(), v.int()), TypeError, "torch.int32 is not supported"),
+    "batch mismatch": (lambda q, k, v: (q, torch.cat([k, k]), torch.cat([v, v])), ValueError,
+                       "batch size differs: q has B=1, k and v have B=2"),
+    "head dim mismatch": (lambda q, k, v: (q, k[..., :8], v[..., :8]), ValueError, "head dim differs"),
+    "k and v differ": (lambda q, k, v: (q, k, v[:, :, :4]), ValueError, "k and v must have the same shape"),
+    "H not multiple of H_kv": (lambda q, k, v: (q, torch.cat([k] * 3, 1)[:, :3], torch.cat([v] * 3, 1)[:, :3]),
+                               ValueError, "H=2 and H_kv=3"),
+    "D not multiple of 8": (lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]), ValueError,
+                            "multiple of 8 and at most 256, got D=12"),
+    "D too large": (lambda q, k, v: tuple(torch.cat([t] * 17, -1) for t in (q, k, v)), ValueError, "got D=272"),
+    "empty sequence": (lambda q, k, v: (q[:, :, :0], k, v), ValueError, "q is empty"),
+    "empty batch": (lambda q, k, v: (q[:0], k[:0], v[:0]), ValueError, "is empty"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=str)
+def test_bad_input_is_named(case):
+    make, exc, message = CASES[case]
+    q, k, v = make(*ok())
+    with pytest.raises(exc, match=message):
+        flash_attention(q, k, v)
+
+
+def test_device_mismatch_or_cpu_tensor_on_gpu():
+    q, k, v = ok()
+    if ON_GPU:
+        with pytest.raises(ValueError, match="must be CUDA tensors"):
+            flash_attention(q.cpu(), k.cpu(), v.cpu())
+        with pytest.raises(ValueError, match="one device"):
+            flash_attention(q, k.cpu(), v)
+    else:
+        meta = k.to("meta")
+        with pytest.raises(ValueError, match="one device"):
+            flash_attention(q, meta, v)
+
+
+@pytest.mark.parametrize("causal, scale, exc, message", [
+    (1, None, TypeError, "causal must be a bool, got int"),
+    (False, "0.1", TypeError, "scale must be a float or None, got str"),
+    (False, float("nan"), ValueError, "scale must be finite"),
+])
+def test_bad_options(causal, scale, exc, message):
+    q, k, v = ok()
+    with pytest.raises(exc, match=message):
+        flash_attention(q, k, v, causal=causal, scale=scale)
+
+
+def test_bad_grad_output_shape():
+    q, k, v = ok()
+    o, lse = flashattn.attention_forward(q, k, v)
+    with pytest.raises(ValueError, match="dO must have the output's shape"):
+        flashattn.attention_backward_delta(o, o[:, :, :3])
+
+
+def test_error_message_shows_what_came():
+    q, k, v = ok()
+    with pytest.raises(ValueError) as info:
+        flash_attention(q[0], k, v)
+    assert "(2, 8, 16)" in str(info.value)
