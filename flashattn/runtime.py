@@ -15,6 +15,7 @@ outputs (optionally poisoned with NaN, so a kernel that forgets to write an elem
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import warnings
@@ -288,6 +289,11 @@ def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_by
 def device_shared_memory(device: torch.device | None = None) -> int:
     """Largest shared memory one program may use on this GPU (opt-in limit), in bytes."""
     index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    return _shared_memory_of(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_of(index: int) -> int:
     try:
         from triton.runtime import driver
 
@@ -296,23 +302,24 @@ def device_shared_memory(device: torch.device | None = None) -> int:
         return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
 
 
-def fitting_configs(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> list[KernelConfig]:
+@functools.lru_cache(maxsize=None)
+def fitting_configs(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[KernelConfig, ...]:
     """The GPU candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
     best first (the smallest candidate if none fits: let the compiler have the last word)."""
     block_d = head_dim_block(head_dim)
     fits = [c for c in _GPU_CANDIDATES[kernel]
             if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
-    return fits or [_GPU_CANDIDATES[kernel][-1]]
+    return tuple(fits or [_GPU_CANDIDATES[kernel][-1]])
 
 
 def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
-                      config: KernelConfig | None = None) -> list[KernelConfig]:
+                      config: KernelConfig | None = None) -> tuple[KernelConfig, ...]:
     """Configs to try, best first: the user's if given, else those that fit this device."""
     if config is not None:
-        return [config]
+        return (config,)
     if INTERPRET:
-        return [INTERPRETER_CONFIG]
-    elem_bytes = torch.empty((), dtype=dtype).element_size()
+        return (INTERPRETER_CONFIG,)
+    elem_bytes = dtype.itemsize
     return fitting_configs(kernel, head_dim, elem_bytes, device_shared_memory(device))
 
 
@@ -328,7 +335,7 @@ def launch(key: tuple, configs: Iterable[KernelConfig], run: Callable[[KernelCon
     """
     from triton.runtime.errors import OutOfResources
 
-    configs = list(configs)
+    configs = tuple(configs)
     if key in _chosen and _chosen[key] in configs:
         configs = configs[configs.index(_chosen[key]):]
     last_error = None
