@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import runtime
+from . import fast, runtime
 from .backward import attention_backward
 from .forward import attention_forward
 
@@ -38,13 +38,21 @@ class FlashAttentionFunction(torch.autograd.Function):
                 None, None)
 
 
+IMPLEMENTATIONS = ("auto", "fast", "teaching")
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                    causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+                    causal: bool = False, scale: Optional[float] = None,
+                    impl: str = "auto") -> torch.Tensor:
     """Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``.
 
     q ``[B, H, S_q, D]``; k, v ``[B, H_kv, S_k, D]`` with ``H % H_kv == 0`` (GQA/MQA);
     ``causal``: query i sees keys j <= i; ``scale`` defaults to 1/sqrt(D). Any strides.
     Gradients flow to whichever of q, k, v require them.
+
+    ``impl``: ``"teaching"`` runs the kernels of ``forward.py`` / ``backward.py``;
+    ``"fast"`` the tuned ones of ``flashattn.fast`` (fp16/bf16, power-of-two head dims);
+    ``"auto"`` (default) the fast ones on a GPU where they apply, else the teaching ones.
 
     bf16 where it cannot be multiplied (the CPU interpreter, GPUs before sm 8.0) runs in fp32
     and is cast back, with a :class:`~flashattn.runtime.BF16FallbackWarning`.
@@ -52,10 +60,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     runtime.check_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.check_causal(causal)
     scale = runtime.check_scale(scale, q.shape[-1])
-    kernel_dtype = runtime.compute_dtype(q.dtype, q.device)
-    if kernel_dtype != q.dtype:
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    input_dtype = q.dtype
+    kernel_dtype = runtime.compute_dtype(input_dtype, q.device)
+    if kernel_dtype != input_dtype:
         # .to() is differentiable: autograd casts the gradients back to bf16 for us.
-        out = FlashAttentionFunction.apply(q.to(kernel_dtype), k.to(kernel_dtype),
-                                           v.to(kernel_dtype), causal, scale)
-        return out.to(q.dtype)
-    return FlashAttentionFunction.apply(q, k, v, causal, scale)
+        q, k, v = q.to(kernel_dtype), k.to(kernel_dtype), v.to(kernel_dtype)
+    if impl == "auto":
+        impl = "fast" if not runtime.INTERPRET and fast.supports(q, k, v)[0] else "teaching"
+    if impl == "fast":
+        out = fast.flash_attention_fast(q, k, v, causal=causal, scale=scale)
+    else:
+        out = FlashAttentionFunction.apply(q, k, v, causal, scale)
+    return out.to(input_dtype)

@@ -27,6 +27,7 @@ import triton
 
 from . import runtime
 from .autograd import flash_attention
+from .fast import flash_attention_fast
 from .reference import attention_autograd
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -49,22 +50,20 @@ def _sdpa_backend(backend_name: str) -> Callable:
 
 def providers() -> dict[str, Callable]:
     table = {
-        "flashattn": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal),
+        "flashattn": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, impl="teaching"),
+        "flashattn-fast": lambda q, k, v, causal: flash_attention(q, k, v, causal=causal, impl="fast"),
+        "flashattn-fused": lambda q, k, v, causal: flash_attention_fast(q, k, v, causal=causal,
+                                                                        backward="fused"),
         "sdpa-flash": _sdpa_backend("FLASH_ATTENTION"),
         "sdpa-cudnn": _sdpa_backend("CUDNN_ATTENTION"),
         "sdpa-efficient": _sdpa_backend("EFFICIENT_ATTENTION"),
         "naive": lambda q, k, v, causal: attention_autograd(q, k, v, causal=causal),
     }
-    try:  # the tuned path, where it exists
-        from .fast import flash_attention_fast
-
-        table["flashattn-fast"] = lambda q, k, v, causal: flash_attention_fast(q, k, v, causal=causal)
-    except ImportError:
-        pass
     return table
 
 
-DEFAULT_PROVIDERS = ["flashattn-fast", "flashattn", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient"]
+DEFAULT_PROVIDERS = ["flashattn-fast", "flashattn-fused", "flashattn", "sdpa-flash", "sdpa-cudnn",
+                     "sdpa-efficient"]
 
 
 # --------------------------------------------------------------------------------------
@@ -142,6 +141,92 @@ def environment() -> dict:
     else:
         info["device"] = "CPU (Triton interpreter)"
     return info
+
+
+# --------------------------------------------------------------------------------------
+# ablation: what each optimisation of the fast path buys, kernel launches timed directly
+# --------------------------------------------------------------------------------------
+ABLATION_STEPS = [
+    ("teaching kernels (64x64 tiles)", "teaching"),
+    ("fast kernels, fixed 64x64 tiles, every tile masked", "fast-masked"),
+    ("+ causal loop split (unmasked tiles skip the mask)", "fast-fixed"),
+    ("+ autotuned tiles / warps / stages", "fast"),
+    ("fused backward (atomic dQ) instead of two kernels", "fused"),
+]
+
+
+def _ablation_variant(step: str, q, k, v, do, causal, scale):
+    """(forward thunk, backward thunk) for one ablation step."""
+    from contextlib import ExitStack
+
+    from . import backward as teaching_bwd
+    from . import planted
+    from .fast import backward as fast_bwd
+    from .fast import forward as fast_fwd
+    from .fast import fused as fast_fused
+    from .forward import attention_forward
+    from .runtime import KernelConfig
+
+    fixed = {"fwd": KernelConfig(64, 64, 4, 3), "bwd": KernelConfig(64, 64, 4, 3)}
+    if step == "teaching":
+        cfg = fixed["fwd"]
+        o, lse = attention_forward(q, k, v, causal, scale, config=cfg)
+        return (lambda: attention_forward(q, k, v, causal, scale, config=cfg),
+                lambda: teaching_bwd.attention_backward(q, k, v, o, do, lse, causal, scale, config=cfg))
+    o, lse = fast_fwd.fast_attention_forward(q, k, v, causal, scale)
+    if step in ("fast-masked", "fast-fixed"):
+        def fwd():
+            with ExitStack() as stack:
+                if step == "fast-masked":  # the unmasked stage made masked: the split undone
+                    edit = [planted.Edit("0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")]
+                    stack.enter_context(planted.planted_bug(fast_fwd, "fast_fwd_kernel", edit))
+                return fast_fwd.fast_attention_forward(q, k, v, causal, scale, config=fixed["fwd"])
+
+        def bwd():
+            with ExitStack() as stack:
+                if step == "fast-masked":
+                    stack.enter_context(planted.planted_bug(fast_bwd, "fast_dq_kernel", [planted.Edit(
+                        "0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")]))
+                    stack.enter_context(planted.planted_bug(fast_bwd, "fast_dkdv_kernel", [planted.Edit(
+                        "first_free, S_q, S_q, qk_scale, False", "first_free, S_q, S_q, qk_scale, True")]))
+                return fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, config=fixed["bwd"])
+
+        return fwd, bwd
+    fwd = lambda: fast_fwd.fast_attention_forward(q, k, v, causal, scale)  # noqa: E731
+    if step == "fused":
+        return fwd, lambda: fast_fused.fused_attention_backward(q, k, v, o, do, lse, causal, scale)
+    return fwd, lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale)
+
+
+def run_ablation(dtype="fp16", head_dims=(64, 128), seqlen=4096, causals=(False, True),
+                 tokens=16384, hidden=2048, rep_ms=100, progress=True) -> list[dict]:
+    from tqdm.auto import tqdm
+
+    device = runtime.default_device()
+    rows = []
+    jobs = [(D, c, step) for D in head_dims for c in causals for step in ABLATION_STEPS]
+    for D, causal, (label, step) in tqdm(jobs, desc="ablation", disable=not progress):
+        if step == "fast-masked" and not causal:
+            continue  # without a causal mask there is (for even lengths) nothing to split
+        B, H = max(1, tokens // seqlen), max(1, hidden // D)
+        q, k, v, do = (torch.randn(B, H, seqlen, D, dtype=DTYPES[dtype], device=device) for _ in range(4))
+        fwd, bwd = _ablation_variant(step, q, k, v, do, causal, D ** -0.5)
+        fwd_ms, bwd_ms = median_ms(fwd, rep_ms), median_ms(bwd, rep_ms)
+        rows.append(dict(step=label, dtype=dtype, B=B, H=H, S=seqlen, D=D, causal=causal,
+                         fwd_ms=fwd_ms, bwd_ms=bwd_ms,
+                         fwd_tflops=attention_flops(B, H, seqlen, seqlen, D, causal, "fwd") / fwd_ms * 1e-9,
+                         bwd_tflops=attention_flops(B, H, seqlen, seqlen, D, causal, "bwd") / bwd_ms * 1e-9))
+    return rows
+
+
+def format_ablation(rows: list[dict]) -> str:
+    lines = []
+    for D, causal in dict.fromkeys((r["D"], r["causal"]) for r in rows):
+        lines.append(f"D={D} causal={causal} (S={rows[0]['S']}, {rows[0]['dtype']})")
+        for r in rows:
+            if (r["D"], r["causal"]) == (D, causal):
+                lines.append(f"  {r['step']:<55}{r['fwd_tflops']:>8.1f} fwd TF/s{r['bwd_tflops']:>8.1f} bwd TF/s")
+    return "\n".join(lines)
 
 
 def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden, rep_ms=100,
@@ -224,12 +309,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--name", default=None, help="file stem (default: bench_<device>)")
     ap.add_argument("--quick", action="store_true",
                     help="a tiny grid that runs anywhere, the CPU interpreter included")
+    ap.add_argument("--ablation", action="store_true",
+                    help="also measure what each optimisation of the fast path buys (S=4096)")
+    ap.add_argument("--no-precompile", action="store_true",
+                    help="let the autotuner compile lazily instead of compiling all variants first")
     args = ap.parse_args(argv)
 
     if args.quick:
         args.seqlens, args.head_dims, args.tokens, args.hidden = [64, 128], [32], 128, 64
         args.dtypes = ["fp16"] if runtime.INTERPRET else args.dtypes[:1]
         args.providers = [p for p in args.providers if p in ("flashattn", "flashattn-fast", "sdpa-flash", "naive")]
+        if runtime.INTERPRET:  # the fast path is for GPUs (fp16/bf16 tensor cores)
+            args.providers = [p for p in args.providers if p != "flashattn-fast"]
     elif runtime.INTERPRET:
         print("No GPU: the full benchmark would take hours in Triton's interpreter and measure "
               "nothing useful. Run it on a GPU, or use --quick to try the machinery here.",
@@ -239,14 +330,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = environment()
     env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"benchmarking on {env['where']}")
+    if not args.no_precompile and any(p.startswith("flashattn-") for p in args.providers):
+        from .fast import tuning
+
+        spent = tuning.precompile([DTYPES[d] for d in args.dtypes], args.head_dims, causals)
+        env["precompile_s"] = round(spent, 1)
+        print(f"compiled the fast kernels' variants in {spent:.0f} s")
     rows = run_grid(args.dtypes, args.head_dims, args.seqlens, causals, args.providers,
                     args.tokens, args.hidden, args.rep_ms)
+    ablation = run_ablation(args.dtypes[0], args.head_dims, 4096, causals, args.tokens, args.hidden,
+                            args.rep_ms) if args.ablation else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or "bench_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
-    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows,
+                                                  "ablation": ablation}, indent=1))
     plot(rows, env, out / f"{stem}.png")
     print(format_table(rows))
+    if ablation:
+        print("\nablation\n" + format_ablation(ablation))
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
     return 0
 

@@ -1,0 +1,221 @@
+"""Tuned two-kernel backward (dQ kernel + dK/dV kernel), fp16/bf16 on a GPU.
+
+The same design as ``flashattn/backward.py`` (each output block owned by one program, no
+atomics), with the fast forward's tricks: exp2 with log2(e) folded into the scale and into
+LSE, loops split into unmasked tiles and the few masked ones on the causal diagonal, padded
+query rows neutralised by loading their LSE as +inf (so P = exp2(S - inf) = 0 with no mask),
+and autotuned tiles. The delta preprocess is the teaching one: it is a single memory-bound pass.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from ..backward import attention_backward_delta
+from . import tuning
+
+
+# --------------------------------------------------------------------------------------
+# dQ: one program per block of query rows
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+              offs_m, offs_d, lo, hi, S_k, qk_scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k_ptrs = k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d
+        v_ptrs = v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
+        if MASKED:
+            k = tl.load(k_ptrs, mask=(offs_n < S_k)[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=(offs_n < S_k)[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+        p = tl.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = (offs_n < S_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    return dq
+
+
+@triton.jit
+def fast_dq_kernel(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_s, stride_v_d,
+    stride_do_b, stride_do_h, stride_do_s, stride_do_d,
+    stride_lse_b, stride_lse_h, stride_delta_b, stride_delta_h,
+    stride_dq_b, stride_dq_h, stride_dq_s,
+    H, GROUP_SIZE, S_q, S_k, scale, S_BUCKET,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP_SIZE
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < S_q
+
+    q_base = Q + b.to(tl.int64) * stride_q_b + h.to(tl.int64) * stride_q_h
+    do_base = DO + b.to(tl.int64) * stride_do_b + h.to(tl.int64) * stride_do_h
+    k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+    v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+    q = tl.load(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d,
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d,
+                 mask=row_ok[:, None], other=0.0)
+    lse_ptrs = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h + offs_m
+    lse2 = tl.load(lse_ptrs, mask=row_ok, other=float("inf")) * 1.4426950408889634   # log2 units
+    delta_ptrs = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h + offs_m
+    delta = tl.load(delta_ptrs, mask=row_ok, other=0.0)
+    qk_scale = scale * 1.4426950408889634
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    if CAUSAL:
+        free_end = tl.minimum(start_m, S_k)
+        masked_end = tl.minimum(start_m + BLOCK_M, S_k)
+    else:
+        free_end = S_k
+        masked_end = S_k
+    unmasked_end = (free_end // BLOCK_N) * BLOCK_N
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                   offs_m, offs_d, 0, unmasked_end, S_k, qk_scale, False, CAUSAL, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                   offs_m, offs_d, unmasked_end, masked_end, S_k, qk_scale, True, CAUSAL, BLOCK_N)
+
+    dq_base = DQ + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h
+    tl.store(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------------------
+# dK, dV: one program per block of key/value rows (a K/V head: all its GQA query heads)
+# --------------------------------------------------------------------------------------
+@triton.jit
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                stride_q_s, stride_q_d, stride_do_s, stride_do_d,
+                offs_n, offs_d, lo, hi, S_q, qk_scale,
+                MASKED: tl.constexpr, BLOCK_M: tl.constexpr):
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < S_q
+        q = tl.load(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d,
+                    mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d,
+                     mask=row_ok[:, None], other=0.0)
+        # padded rows: LSE = +inf makes their P exactly 0, no mask needed
+        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+        pT = tl.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
+        if MASKED:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
+        dv += tl.dot(pT.to(do.dtype), do)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(q.dtype), q)
+    return dk, dv
+
+
+@triton.jit
+def fast_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,
+    stride_q_b, stride_q_h, stride_q_s, stride_q_d,
+    stride_k_b, stride_k_h, stride_k_s, stride_k_d,
+    stride_v_b, stride_v_h, stride_v_s, stride_v_d,
+    stride_do_b, stride_do_h, stride_do_s, stride_do_d,
+    stride_lse_b, stride_lse_h, stride_delta_b, stride_delta_h,
+    stride_dk_b, stride_dk_h, stride_dk_s,
+    stride_dv_b, stride_dv_h, stride_dv_s,
+    H_KV, GROUP_SIZE, S_q, S_k, scale, S_BUCKET,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_KV
+    h_kv = pid_bh % H_KV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    col_ok = offs_n < S_k
+    k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
+    v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+    k = tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d, mask=col_ok[:, None], other=0.0)
+    v = tl.load(v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d, mask=col_ok[:, None], other=0.0)
+    qk_scale = scale * 1.4426950408889634
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+
+    for g in range(0, GROUP_SIZE):
+        h = h_kv * GROUP_SIZE + g
+        q_base = Q + b.to(tl.int64) * stride_q_b + h.to(tl.int64) * stride_q_h
+        do_base = DO + b.to(tl.int64) * stride_do_b + h.to(tl.int64) * stride_do_h
+        lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
+        delta_base = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h
+        if CAUSAL:
+            # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
+            # every later row sees the whole key block.
+            diag_end = tl.minimum(start_n + BLOCK_N, S_q)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d,
+                                 offs_n, offs_d, start_n, diag_end, S_q, qk_scale, True, BLOCK_M)
+            first_free = start_n + BLOCK_N
+        else:
+            first_free = 0
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
+                             stride_q_s, stride_q_d, stride_do_s, stride_do_d,
+                             offs_n, offs_d, first_free, S_q, S_q, qk_scale, False, BLOCK_M)
+
+    dk_base = DK + b.to(tl.int64) * stride_dk_b + h_kv.to(tl.int64) * stride_dk_h
+    dv_base = DV + b.to(tl.int64) * stride_dv_b + h_kv.to(tl.int64) * stride_dv_h
+    tl.store(dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=col_ok[:, None])
+    tl.store(dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=col_ok[:, None])
+
+
+_tuned_dq = tuning.autotuned(fast_dq_kernel, "dq")
+_tuned_dkdv = tuning.autotuned(fast_dkdv_kernel, "dkdv")
+
+
+def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
+                            needs_dq: bool = True, needs_dkdv: bool = True, *, config=None,
+                            warmup: bool = False):
+    """(dq, dk, dv) by the tuned two-kernel backward; None for what was not asked for.
+    ``warmup=True`` only compiles the kernels (see ``tuning.precompile``)."""
+    B, H, S_q, D = q.shape
+    H_kv, S_k = k.shape[1], k.shape[2]
+    delta = torch.empty_like(lse) if warmup else attention_backward_delta(o, do)
+    S_BUCKET = tuning.bucket(S_q, S_k)
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
+              lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1))
+    dq = dk = dv = None
+    if needs_dq:
+        dq = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
+        kernel, meta = tuning.pick(_tuned_dq, fast_dq_kernel, config, "dq")
+        grid = lambda m: (triton.cdiv(S_q, m["BLOCK_M"]), B * H)  # noqa: E731
+        args = (q, k, v, do, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
+                H, H // H_kv, S_q, S_k, scale, S_BUCKET)
+        tuning.launch(kernel, grid, args, dict(CAUSAL=causal, HEAD_DIM=D, **meta), warmup)
+    if needs_dkdv:
+        dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)
+        dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
+        kernel, meta = tuning.pick(_tuned_dkdv, fast_dkdv_kernel, config, "dkdv")
+        grid = lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv)  # noqa: E731
+        args = (q, k, v, do, lse, delta, dk, dv, *common, dk.stride(0), dk.stride(1), dk.stride(2),
+                dv.stride(0), dv.stride(1), dv.stride(2), H_kv, H // H_kv, S_q, S_k, scale, S_BUCKET)
+        tuning.launch(kernel, grid, args, dict(CAUSAL=causal, HEAD_DIM=D, **meta), warmup)
+    return dq, dk, dv
