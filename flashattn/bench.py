@@ -230,7 +230,7 @@ def format_ablation(rows: list[dict]) -> str:
 
 
 def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden, rep_ms=100,
-             progress=True) -> list[dict]:
+             progress=True, on_row=None) -> list[dict]:
     from tqdm.auto import tqdm
 
     table = providers()
@@ -247,6 +247,8 @@ def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden
         row = dict(provider=name, dtype=dt, B=B, H=H, S=S, D=D, causal=causal)
         row.update(measure(table[name], B, H, S, D, causal, DTYPES[dt], device, rep_ms))
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -336,15 +338,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         spent = tuning.precompile([DTYPES[d] for d in args.dtypes], args.head_dims, causals)
         env["precompile_s"] = round(spent, 1)
         print(f"compiled the fast kernels' variants in {spent:.0f} s")
-    rows = run_grid(args.dtypes, args.head_dims, args.seqlens, causals, args.providers,
-                    args.tokens, args.hidden, args.rep_ms)
-    ablation = run_ablation(args.dtypes[0], args.head_dims, 4096, causals, args.tokens, args.hidden,
-                            args.rep_ms) if args.ablation else []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = args.name or "bench_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
-    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows,
-                                                  "ablation": ablation}, indent=1))
+    ablation: list = []
+
+    def save(rows):  # after every measurement, so an interrupted run still leaves its numbers
+        (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows,
+                                                      "ablation": ablation}, indent=1))
+
+    rows = run_grid(args.dtypes, args.head_dims, args.seqlens, causals, args.providers,
+                    args.tokens, args.hidden, args.rep_ms, on_row=save)
+    if args.ablation:
+        ablation = run_ablation(args.dtypes[0], args.head_dims, 4096, causals, args.tokens,
+                                args.hidden, args.rep_ms)
+        save(rows)
     plot(rows, env, out / f"{stem}.png")
     print(format_table(rows))
     if ablation:

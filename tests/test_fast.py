@@ -66,12 +66,17 @@ def test_fast_strides_and_dtypes(dtype, do_layout):
 
 
 def test_fast_refuses_what_it_cannot_do_and_auto_falls_back():
-    q = rand(1, 2, 16, 24)
+    dtype = FAST_DTYPES[-1]
+    q = rand(1, 2, 16, 24, dtype=dtype)
     with pytest.raises(ValueError, match="head dims"):
         fast.flash_attention_fast(q, q, q)
     out = flashattn.flash_attention(q, q, q)  # auto: teaching kernels take D=24
     ref = reference(q, q, q)
-    assert_close_per_head("O", out, ref["O"], TOL[torch.float32])
+    assert_close_per_head("O", out, ref["O"], TOL[dtype])
+    if ON_GPU:
+        q32 = rand(1, 2, 16, 64)
+        with pytest.raises(ValueError, match="takes torch.float16 and torch.bfloat16"):
+            fast.flash_attention_fast(q32, q32, q32)
 
 
 def test_auto_uses_fast_path_on_gpu_only(monkeypatch):

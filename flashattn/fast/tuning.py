@@ -57,6 +57,12 @@ def _prune(name: str):
     return prune
 
 
+def _quick_bench(fn, quantiles=None):
+    # Candidates differ by tens of percent, so a short median is enough to rank them; the
+    # default (25 ms warm-up + 100 ms per candidate) makes first calls needlessly slow.
+    return triton.testing.do_bench(fn, warmup=5, rep=25, quantiles=quantiles)
+
+
 def autotuned(kernel, name: str, reset_to_zero=None):
     """``kernel`` wrapped in ``triton.autotune`` with this module's candidates (None in the
     interpreter, where the raw kernel runs with a fixed small config)."""
@@ -66,7 +72,7 @@ def autotuned(kernel, name: str, reset_to_zero=None):
                for m, n, w, s in CANDIDATES[name]]
     kwargs = dict(configs=configs, key=["S_BUCKET", "CAUSAL", "HEAD_DIM"],
                   prune_configs_by={"early_config_prune": _prune(name)},
-                  reset_to_zero=reset_to_zero)
+                  reset_to_zero=reset_to_zero, do_bench=_quick_bench)
     try:
         return triton.autotune(cache_results=True, **kwargs)(kernel)
     except TypeError:  # older Triton without on-disk autotune cache
