@@ -87,3 +87,14 @@ def test_auto_uses_fast_path_on_gpu_only(monkeypatch):
     q = rand(1, 2, 32, 64, dtype=dtype)
     flashattn.flash_attention(q, q, q)
     assert bool(calls) == ON_GPU
+
+
+def test_backward_choice_follows_measurements_and_determinism():
+    assert fast.choose_backward(64, True, 16384, 16384) == "two-kernel"
+    assert fast.choose_backward(128, False, 1024, 1024) == "two-kernel"
+    assert fast.choose_backward(128, True, 16384, 16384) == "fused"
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert fast.choose_backward(128, True, 16384, 16384) == "two-kernel"
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -31,8 +31,17 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
 
 
 def choose_backward(head_dim: int, causal: bool, S_q: int, S_k: int) -> str:
-    """Which backward to run. Measured on an H100 (fp16/bf16, B*S = 16k, H*D = 2048): the
-    two-kernel design wins everywhere we measured (see notebook 06), so it is the default."""
+    """Which backward to run, from H100 measurements (fp16, B*S = 16k, H*D = 2048; see
+    ``results/`` and notebook 06). The two-kernel design wins at D=64 at every length (by 10-25%:
+    at D=64 a tile's matrix products are cheap, so the fused kernel's BLOCK_M x D atomic adds
+    per tile cost more than the dQ kernel's recomputation of P and dS). At D=128 and long
+    sequences the recomputation costs more and the fused kernel wins by ~5%. The fused kernel's
+    dQ is not bit-reproducible (atomic adds in varying order), so it is never chosen when
+    ``torch.use_deterministic_algorithms(True)`` is on."""
+    if torch.are_deterministic_algorithms_enabled():
+        return "two-kernel"
+    if head_dim >= 128 and min(S_q, S_k) >= 8192:
+        return "fused"
     return "two-kernel"
 
 
