@@ -68,14 +68,27 @@ def assert_close_per_head(name, actual, expected, tol):
 
 
 def reference(q, k, v, do=None, *, causal=False, scale=None):
-    """High-precision oracle: float64 materialised reference (one batch element at a time)."""
-    outs = [flashattn.attention_reference(q[b:b + 1], k[b:b + 1], v[b:b + 1],
-                                          None if do is None else do[b:b + 1],
-                                          causal=causal, scale=scale)
-            for b in range(q.shape[0])]
+    """High-precision oracle: the float64 materialised reference, computed one batch element and
+    one K/V head (with its GQA group of query heads) at a time, so that realistic sizes fit."""
+    H, H_kv = q.shape[1], k.shape[1]
+    G = H // H_kv
     fields = ["O", "LSE"] + ([] if do is None else ["delta", "dQ", "dK", "dV"])
-    return {f: torch.cat([getattr(o, f) for o in outs]) for f in fields}
-
+    per_q_head = {"O", "LSE", "delta", "dQ"}
+    rows = []
+    for b in range(q.shape[0]):
+        parts = {f: [] for f in fields}
+        for j in range(H_kv):
+            qs = slice(j * G, (j + 1) * G)
+            r = flashattn.attention_reference(q[b:b + 1, qs], k[b:b + 1, j:j + 1], v[b:b + 1, j:j + 1],
+                                              None if do is None else do[b:b + 1, qs],
+                                              causal=causal, scale=scale)
+            for f in fields:
+                parts[f].append(getattr(r, f))
+            del r
+        rows.append({f: torch.cat(parts[f], dim=1) for f in fields})
+    out = {f: torch.cat([r[f] for r in rows]) for f in fields}
+    assert all(out[f].shape[1] == (H if f in per_q_head else H_kv) for f in fields)
+    return out
 
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: every core on the CPU; on a GPU two workers share the card (the
