@@ -245,8 +245,10 @@ def attn_bwd_dkdv_kernel(
             # Work on the transposed tile S^T = K Q^T [BLOCK_N, BLOCK_M]: then P^T and dS^T,
             # which dV and dK need, come out directly.
             sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * scale
-            # Padded query rows (row >= S_q) must give P = 0: their LSE was loaded as 0, so
-            # exp(S - 0) would be garbage, added into every row of dV and dK.
+            # Padded query rows (row >= S_q) must give P = 0. Their q, dO, LSE and delta load
+            # as 0, so P would be exp(0) = 1; the zero dO and delta hide that only as long as
+            # those loads stay masked. P = 0 makes a padded row contribute nothing, whatever
+            # it holds (notebook 04 plants both failures).
             visible = row_ok[None, :] & col_ok[:, None]
             if CAUSAL:
                 visible = visible & (offs_n[:, None] <= offs_m[None, :])
