@@ -1,0 +1,273 @@
+"""flashattn.check at the PyTorch level: every diagnosis is proven by a small buggy function
+that triggers exactly that hint, and the correct implementation triggers none. Also: where a
+function came from (test_check_kernels.py does the kernels)."""
+import pytest
+import torch
+
+import flashattn
+from flashattn import check
+from flashattn.reference import causal_mask
+
+
+def run(checker, fn, **kw):
+    return checker(fn, raise_on_fail=False, show=False, **kw)
+
+
+def assert_hint(result, hint):
+    assert not result.ok, "the planted bug went unnoticed:\n" + result.report()
+    assert result.hint_ids == [hint], f"expected [{hint}], got {result.hint_ids}\n" + result.report()
+
+
+def assert_clean(result):
+    assert result.ok and result.hint_ids == [], result.report()
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch-level: the attention backward by hand
+# --------------------------------------------------------------------------------------
+def make_backward(bug=None):
+    def attention_backward(q, k, v, o, do, lse, causal, scale):
+        if bug == "heads":      # dO read with Q's head stride: the kernel bug, in PyTorch
+            st = list(do.stride())
+            st[1] = q.stride(1)
+            do = torch.as_strided(do, do.shape, st, do.storage_offset())
+        S = (q @ k.transpose(-1, -2)) * (1.0 if bug == "lse" else scale)
+        mask = causal_mask(S.shape[-2], S.shape[-1], S.device)
+        if causal and bug != "causal":
+            S = S.masked_fill(~mask, float("-inf"))
+        if bug == "lse":        # a log-sum-exp of its own, without the scale
+            P = torch.exp(S * scale - torch.logsumexp(S, dim=-1, keepdim=True))
+            if causal:
+                P = P.masked_fill(~mask, 0.0)
+        else:
+            P = torch.softmax(S, dim=-1)
+        if causal and bug == "causal":   # mask applied to the normalised P: rows no longer sum to 1
+            P = P.masked_fill(~mask, 0.0)
+        dv = P.transpose(-1, -2) @ do
+        dP = do @ v.transpose(-1, -2)
+        delta = (do * o).sum(dim=-1, keepdim=True)
+        dS = P * dP if bug == "delta" else P * (dP - delta)
+        dq = dS @ k if bug == "scale" else (dS @ k) * scale
+        if bug == "race":       # dK summed over query blocks in an order that changes per call
+            dk = torch.zeros_like(k)
+            starts = list(range(0, q.shape[2], 8))
+            for i in torch.randperm(len(starts)).tolist():
+                sl = slice(starts[i], starts[i] + 8)
+                dk = dk + dS[:, :, sl].transpose(-1, -2) @ q[:, :, sl]
+            dk = dk * scale
+        else:
+            dk = (dS.transpose(-1, -2) @ q) * scale
+        if bug == "grad_order":
+            return dq, dv, dk
+        return dq, dk, dv
+    return attention_backward
+
+
+def test_attention_backward_correct_passes():
+    assert_clean(run(check.attention_backward, make_backward()))
+
+
+@pytest.mark.parametrize("bug", ["heads", "causal", "scale", "delta", "race", "lse", "grad_order"])
+def test_attention_backward_planted(bug):
+    assert_hint(run(check.attention_backward, make_backward(bug)), bug)
+
+
+def test_attention_backward_gqa_battery():
+    def gqa_backward(q, k, v, o, do, lse, causal, scale):
+        from flashattn.reference import attention_reference
+        r = attention_reference(q, k, v, do, causal=causal, scale=scale)
+        return r.dQ.float(), r.dK.float(), r.dV.float()
+    assert_clean(run(check.attention_backward, gqa_backward, gqa=True))
+
+
+def test_not_implemented_raises_assertion_after_printing(capsys):
+    def todo(*args):
+        raise NotImplementedError()
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check.attention_backward(todo)
+    out = capsys.readouterr().out
+    assert "not implemented" in out and "Diagnosis [not_implemented]" in out
+    assert out.count("not implemented") >= 1 and "aligned, causal" not in out   # stops at case 1
+
+
+def test_failure_prints_table_and_diagnosis_then_raises(capsys):
+    with pytest.raises(AssertionError, match="scale missing or doubled"):
+        check.attention_backward(make_backward("scale"))
+    out = capsys.readouterr().out
+    assert "FAIL:" in out and "Diagnosis [scale]" in out and "yours / reference" in out
+    assert "dQ" in out and "custom scale 0.3" in out
+
+
+def test_pass_prints_one_pass_line(capsys):
+    check.attention_backward(make_backward())
+    out = capsys.readouterr().out
+    assert "PASS check.attention_backward" in out and "Diagnosis" not in out
+
+
+def test_exception_in_some_cases_is_reported_with_the_line():
+    def view_bug(q, k, v, o, do, lse, causal, scale):
+        do = do.view(do.shape)   # fine ...
+        flat = do.view(-1)        # ... but .view of a non-contiguous dO raises
+        return make_backward()(q, k, v, o, flat.view(do.shape), lse, causal, scale)
+    r = run(check.attention_backward, view_bug)
+    assert r.hint_ids == ["exception"]
+    failing = {x.case.name for x in r.failed}
+    assert "aligned" not in failing and "garbage past the end" in failing
+    assert "flat = do.view(-1)" in r.diagnosis()
+
+
+def test_wrong_shape_is_named():
+    def transposed(q, k, v, o, do, lse, causal, scale):
+        dq, dk, dv = make_backward()(q, k, v, o, do, lse, causal, scale)
+        return dq.transpose(-1, -2), dk, dv
+    r = run(check.attention_backward, transposed)
+    assert r.hint_ids == ["shape"]
+
+
+# --------------------------------------------------------------------------------------
+# PyTorch-level: rebuild P, online softmax
+# --------------------------------------------------------------------------------------
+def make_rebuild_p(bug=None):
+    def rebuild_p(q, k, lse, causal, scale):
+        S = (q @ k.transpose(-1, -2)) * scale
+        if causal and bug != "causal":
+            S = S.masked_fill(~causal_mask(S.shape[-2], S.shape[-1], S.device), float("-inf"))
+        if bug == "lse":          # exp2 where the forward's LSE is a natural log
+            return torch.exp2(S - lse[..., None])
+        return torch.exp(S - lse[..., None])
+    return rebuild_p
+
+
+def test_rebuild_p():
+    assert_clean(run(check.rebuild_p, make_rebuild_p()))
+    assert_hint(run(check.rebuild_p, make_rebuild_p("causal")), "causal")
+    assert_hint(run(check.rebuild_p, make_rebuild_p("lse")), "lse")
+
+
+def make_online(bug=None):
+    def online_softmax(q, k, v, causal, scale, block_n):
+        B, H, S_q, D = q.shape
+        S_k = k.shape[2]
+        m = torch.full((B, H, S_q, 1), float("-inf"), dtype=torch.float32, device=q.device)
+        l = torch.zeros((B, H, S_q, 1), dtype=torch.float32, device=q.device)
+        acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
+        rows = torch.arange(S_q, device=q.device)[:, None]
+        end = S_k - block_n + 1 if bug == "padding" else S_k     # drops the partial last block
+        for start in range(0, end, block_n):
+            kb, vb = k[:, :, start:start + block_n].float(), v[:, :, start:start + block_n].float()
+            s = (q.float() @ kb.transpose(-1, -2)) * scale
+            if causal:
+                cols = torch.arange(start, start + kb.shape[2], device=q.device)[None, :]
+                s = s.masked_fill(cols > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            if bug == "rescale":
+                l = l + p.sum(dim=-1, keepdim=True)
+                acc = acc + p @ vb
+            else:
+                l = l * alpha + p.sum(dim=-1, keepdim=True)
+                acc = acc * alpha + p @ vb
+            m = m_new
+        o = (acc / l).to(q.dtype)
+        lse = (m + l) if bug == "lse_output" else (m + torch.log(l))
+        return o, lse.squeeze(-1)
+    return online_softmax
+
+
+@pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding"])
+def test_online_softmax(bug):
+    r = run(check.online_softmax, make_online(bug))
+    assert_clean(r) if bug is None else assert_hint(r, bug)
+
+
+# --------------------------------------------------------------------------------------
+# autograd.Function
+# --------------------------------------------------------------------------------------
+def make_function(bug=None):
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o, lse = flashattn.attention_forward(q, k, v, causal, scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            causal = False if bug == "causal" else ctx.causal
+            scale = None if bug == "scale" else ctx.scale
+            if bug == "lse":    # a log-sum-exp of its own: no scale, no mask
+                lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2), dim=-1)
+            dq, dk, dv = flashattn.attention_backward(q, k, v, o, do, lse, causal, scale)
+            if bug == "grad_order":
+                return dq, dv, dk, None, None
+            if bug == "count":
+                return dq, dk, dv
+            return dq, dk, dv, None, None
+
+    def attention(q, k, v, causal=False, scale=None):
+        return Attention.apply(q, k, v, causal, scale)
+    return attention
+
+
+def test_autograd_function_correct_passes():
+    assert_clean(run(check.autograd_function, make_function()))
+
+
+@pytest.mark.parametrize("bug", ["causal", "scale", "lse", "grad_order"])
+def test_autograd_function_planted(bug):
+    assert_hint(run(check.autograd_function, make_function(bug)), bug)
+
+
+def test_autograd_wrong_number_of_gradients_is_explained():
+    r = run(check.autograd_function, make_function("count"), cases=check.AUTOGRAD_BATTERY[:1])
+    assert r.hint_ids == ["exception"]
+    assert "None for the non-tensor arguments" in r.diagnosis()
+
+
+# --------------------------------------------------------------------------------------
+# where the code came from
+# --------------------------------------------------------------------------------------
+MODULE_SRC = '''
+def attention_backward(q, k, v, o, do, lse, causal, scale):
+    raise NotImplementedError()
+'''
+
+
+def _import_from(path, name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_origin_names_the_file_and_warns_about_a_twin(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text("")
+    (tmp_path / "pkg").mkdir()
+    imported = tmp_path / "pkg" / "mybackward.py"
+    twin = tmp_path / "mybackward.py"          # the copy someone "fixed" (story 004)
+    imported.write_text(MODULE_SRC)
+    twin.write_text(MODULE_SRC.replace("raise NotImplementedError()", "return q, k, v"))
+    monkeypatch.chdir(tmp_path)
+    mod = _import_from(imported, "mybackward_twin_test")
+    lines, warnings = check.describe_origin(mod.attention_backward)
+    assert str(imported) in lines[0]
+    assert any("another file named mybackward.py" in w and str(twin) in w for w in warnings)
+
+
+def test_origin_warns_when_the_file_changed_after_import(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "mystale.py"
+    path.write_text(MODULE_SRC)
+    mod = _import_from(path, "mystale_test")
+    assert not any("changed since" in w for w in check.describe_origin(mod.attention_backward)[1])
+    path.write_text(MODULE_SRC.replace("raise NotImplementedError()", "return q, k, v"))
+    assert any("changed since" in w for w in check.describe_origin(mod.attention_backward)[1])
+
+
+def test_origin_of_the_package_itself_is_flagged():
+    _, warnings = check.describe_origin(flashattn.flash_attention)
+    assert any("flashattn's own implementation" in w for w in warnings)

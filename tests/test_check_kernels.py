@@ -1,0 +1,220 @@
+"""flashattn.check on kernels: each diagnosis proven by a one-line edit of the real dQ or dK/dV
+kernel (flashattn.planted), and the real kernels trigger none.
+
+The planted kernels run through launchers that write straight into the checker's outputs
+(NaN-filled, with a guard zone after them), so a missing store mask or an incomplete grid
+shows. The race needs a kernel of its own: several programs adding into the same dK rows
+with tl.atomic_add, in a shuffled order.
+"""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import flashattn
+from flashattn import backward, check, planted
+from flashattn.planted import Edit
+
+
+def run(checker, fn, **kw):
+    return checker(fn, raise_on_fail=False, show=False, **kw)
+
+
+def assert_hint(result, hint):
+    assert not result.ok, "the planted bug went unnoticed:\n" + result.report()
+    assert result.hint_ids == [hint], f"expected [{hint}], got {result.hint_ids}\n" + result.report()
+
+
+def assert_clean(result):
+    assert result.ok and result.hint_ids == [], result.report()
+
+
+# --------------------------------------------------------------------------------------
+# kernels: the real dQ and dK/dV kernels with one line changed
+# --------------------------------------------------------------------------------------
+def launch_dq(q, k, v, do, lse, delta, dq, causal, scale):
+    dq.copy_(flashattn.attention_backward_dq(q, k, v, do, lse, delta, causal, scale))
+
+
+def launch_dkdv(q, k, v, do, lse, delta, dk, dv, causal, scale):
+    a, b = flashattn.attention_backward_dkdv(q, k, v, do, lse, delta, causal, scale)
+    dk.copy_(a)
+    dv.copy_(b)
+
+
+BLOCK = 32
+
+
+def _common(q, k, scale, causal):
+    D = q.shape[-1]
+    return dict(CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_D=max(16, triton.next_power_of_2(D)),
+                DOT_PRECISION=flashattn.runtime.dot_precision(q.dtype))
+
+
+def launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=triton.cdiv):
+    """The package's dQ kernel (looked up at call time, so a planted copy runs) writing straight
+    into the checker's output."""
+    B, H, S_q, D = q.shape
+    grid = (rows(S_q, BLOCK), B * H)
+    if grid[0] == 0:
+        return
+    backward.attn_bwd_dq_kernel[grid](
+        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *lse.stride(), *delta.stride(), *dq.stride(), H, 1, S_q, k.shape[2], D, scale,
+        **_common(q, k, scale, causal))
+
+
+def launch_dkdv_direct(q, k, v, do, lse, delta, dk, dv, causal, scale):
+    B, H, S_q, D = q.shape
+    grid = (triton.cdiv(k.shape[2], BLOCK), B * H)
+    backward.attn_bwd_dkdv_kernel[grid](
+        q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(), H, 1, S_q, k.shape[2], D,
+        scale, **_common(q, k, scale, causal))
+
+
+DO_WITH_Q_HEAD_STRIDE = Edit("h.to(tl.int64) * stride_do_h", "h.to(tl.int64) * stride_q_h")
+
+DQ_BUGS = {
+    "heads": [DO_WITH_Q_HEAD_STRIDE],
+    # the mask zeroes S instead of P: hidden keys get exp(0 - LSE) != 0
+    "causal": [Edit("p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)",
+                    "p = tl.exp(tl.where(visible, s, 0.0) - lse[:, None])")],
+    "scale": [Edit("dq = dq * scale", "dq = dq")],
+    # K/V loaded past S_k without a mask, and P not masked on those keys
+    "padding": [Edit("mask=col_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
+                Edit("visible = row_ok[:, None] & col_ok[None, :]", "visible = row_ok[:, None]")],
+    "delta": [Edit("ds = p * (dp - delta[:, None])", "ds = p * dp")],
+    "lse": [Edit("tl.exp(s - lse[:, None])", "tl.exp2(s - lse[:, None])")],
+    # the store forgets the row mask: the last block's padded rows land past the end
+    "oob_write": [Edit("dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])",
+                       "dq.to(DQ.dtype.element_ty), mask=d_ok[None, :])")],
+}
+
+DKDV_BUGS = {
+    "heads": [DO_WITH_Q_HEAD_STRIDE],
+    "causal": [Edit("pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)",
+                    "pT = tl.exp(tl.where(visible, sT, 0.0) - lse[None, :])")],
+    "scale": [Edit("dk = dk * scale", "dk = dk * scale * scale")],
+    # Q and dO loaded past S_q without a mask ("P masks them anyway") and P not masked there
+    "padding": [Edit("mask=row_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
+                Edit("visible = row_ok[None, :] & col_ok[:, None]", "visible = col_ok[:, None]")],
+    "delta": [Edit("dsT = pT * (dpT - delta[None, :])", "dsT = pT * dpT")],
+    "lse": [Edit("tl.exp(sT - lse[None, :])", "tl.exp2(sT - lse[None, :])")],
+}
+
+
+def test_dq_kernel_correct_passes():
+    assert_clean(run(check.dq_kernel, launch_dq))
+    assert_clean(run(check.dq_kernel, launch_dq_direct))
+
+
+@pytest.mark.parametrize("bug", list(DQ_BUGS))
+def test_dq_kernel_planted(bug):
+    with planted.planted_bug(backward, "attn_bwd_dq_kernel", DQ_BUGS[bug]):
+        r = run(check.dq_kernel, launch_dq_direct)
+    assert_hint(r, bug)
+
+
+def test_dkdv_kernel_correct_passes():
+    assert_clean(run(check.dkdv_kernel, launch_dkdv))
+    assert_clean(run(check.dkdv_kernel, launch_dkdv_direct))
+
+
+@pytest.mark.parametrize("bug", list(DKDV_BUGS))
+def test_dkdv_kernel_planted(bug):
+    with planted.planted_bug(backward, "attn_bwd_dkdv_kernel", DKDV_BUGS[bug]):
+        r = run(check.dkdv_kernel, launch_dkdv_direct)
+    assert_hint(r, bug)
+
+
+def test_dq_grid_rounded_down_leaves_nan_rows():
+    def launch(q, k, v, do, lse, delta, dq, causal, scale):   # grid S_q // BLOCK, not cdiv
+        launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=lambda a, b: a // b)
+    r = run(check.dq_kernel, launch)
+    assert_hint(r, "unwritten")
+    assert "wrong rows" in r.diagnosis()
+
+
+# A dK/dV kernel with one program per (key block, query block) tile that adds its share into
+# dK and dV with tl.atomic_add. On a GPU the scheduler decides the order of those additions;
+# the interpreter runs programs in order, so the launcher shuffles the tile order each call
+# to play the scheduler's part. The sums come out right up to rounding, in different bits.
+@triton.jit
+def _tile_atomic_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, ORDER,
+                             sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd,
+                             sob, soh, sos, sod, slb, slh, sls, sdb, sdh, sds,
+                             H, S_q, S_k, HEAD_DIM, scale, N_M,
+                             CAUSAL: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                             DOT_PRECISION: tl.constexpr):
+    t = tl.load(ORDER + tl.program_id(0))
+    pid_n = t // N_M
+    pid_m = t % N_M
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    offs_m = pid_m * BLOCK + tl.arange(0, BLOCK)
+    offs_n = pid_n * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    rm = offs_m < S_q
+    cn = offs_n < S_k
+    dd = offs_d < HEAD_DIM
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqs + offs_d[None, :] * sqd, mask=rm[:, None] & dd[None, :], other=0.0)
+    do = tl.load(DO + b * sob + h * soh + offs_m[:, None] * sos + offs_d[None, :] * sod, mask=rm[:, None] & dd[None, :], other=0.0)
+    k = tl.load(K + b * skb + h * skh + offs_n[:, None] * sks + offs_d[None, :] * skd, mask=cn[:, None] & dd[None, :], other=0.0)
+    v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svs + offs_d[None, :] * svd, mask=cn[:, None] & dd[None, :], other=0.0)
+    lse = tl.load(LSE + b * slb + h * slh + offs_m * sls, mask=rm, other=0.0)
+    delta = tl.load(DELTA + b * sdb + h * sdh + offs_m * sds, mask=rm, other=0.0)
+    sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * scale
+    vis = rm[None, :] & cn[:, None]
+    if CAUSAL:
+        vis = vis & (offs_n[:, None] <= offs_m[None, :])
+    pT = tl.where(vis, tl.exp(sT - lse[None, :]), 0.0)
+    dv = tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+    dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+    dk = tl.dot((pT * (dpT - delta[None, :])).to(q.dtype), q, input_precision=DOT_PRECISION) * scale
+    out = (b * H + h) * S_k * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.atomic_add(DK + out, dk, mask=cn[:, None] & dd[None, :])
+    tl.atomic_add(DV + out, dv, mask=cn[:, None] & dd[None, :])
+
+
+def launch_tile_atomic(q, k, v, do, lse, delta, dk, dv, causal, scale):
+    B, H, S_q, D = q.shape
+    S_k = k.shape[2]
+    BLOCK = 16
+    n_m, n_n = triton.cdiv(S_q, BLOCK), triton.cdiv(S_k, BLOCK)
+    order = torch.randperm(n_m * n_n, device=q.device).to(torch.int32)
+    acc_k = torch.zeros(B, H, S_k, D, dtype=torch.float32, device=q.device)
+    acc_v = torch.zeros_like(acc_k)
+    _tile_atomic_dkdv_kernel[(n_m * n_n, B * H)](
+        q, k, v, do, lse, delta, acc_k, acc_v, order, *q.stride(), *k.stride(), *v.stride(),
+        *do.stride(), *lse.stride(), *delta.stride(), H, S_q, S_k, D, scale, n_m,
+        CAUSAL=causal, BLOCK=BLOCK, BLOCK_D=max(16, triton.next_power_of_2(D)),
+        DOT_PRECISION=flashattn.runtime.dot_precision(q.dtype))
+    dk.copy_(acc_k)
+    dv.copy_(acc_v)
+
+
+def test_dkdv_race_is_named():
+    # the two repeated cases are what reveals the race; the others only cost time here
+    cases = [c for c in check.BATTERY if c.repeat]
+    r = run(check.dkdv_kernel, launch_tile_atomic, cases=cases)
+    assert_hint(r, "race")
+
+
+def test_origin_lists_the_kernels_a_launcher_uses():
+    lines, _ = check.describe_origin(launch_tile_atomic, "your launcher")
+    assert any("kernel `_tile_atomic_dkdv_kernel`" in l for l in lines)
+
+
+def test_kernel_still_raising_not_implemented_is_not_run():
+    @triton.jit
+    def todo_kernel(X):
+        # YOUR CODE HERE
+        raise NotImplementedError()
+
+    def launch(q, k, v, do, lse, delta, dq, causal, scale):
+        todo_kernel[(1,)](dq)
+
+    with pytest.raises(AssertionError, match="not implemented yet"):
+        check.dq_kernel(launch, show=False)
