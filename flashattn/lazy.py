@@ -208,6 +208,7 @@ def lazy_attention_forward(q, k, v, bias, tau, scale: Optional[float] = None, *,
     W = check_lazy_inputs(q, k, v, bias, tau)
     B, H, L, D = q.shape
     scale = runtime.check_scale(scale, D)
+    w_eff = min(W, L - 1)                 # the kernels see distances up to L - 1 only
     o = runtime.new_output((B, H, L, D), q.dtype, q.device)
     lse = runtime.new_output((B, H, L), runtime.stats_dtype(q.dtype), q.device)
 
@@ -217,7 +218,7 @@ def lazy_attention_forward(q, k, v, bias, tau, scale: Optional[float] = None, *,
             q, k, v, bias, tau, o, lse,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *tau.stride(),
             *o.stride(), *lse.stride(),
-            H, L, D, W, scale,
+            H, L, D, w_eff, scale,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
         )
@@ -309,6 +310,7 @@ def lazy_attention_backward_preprocess(q, k, v, bias, tau, do, lse, scale: Optio
     B, H, L, D = q.shape
     scale = runtime.check_scale(scale, D)
     acc_dtype = runtime.stats_dtype(q.dtype)
+    w_eff = min(W, L - 1)
     delta = runtime.new_output((B, H, L), acc_dtype, q.device)
     result = {}
 
@@ -319,7 +321,7 @@ def lazy_attention_backward_preprocess(q, k, v, bias, tau, do, lse, scale: Optio
             q, k, v, bias, tau, do, lse, delta, dtau_part,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *tau.stride(),
             *do.stride(), *lse.stride(), *delta.stride(), *dtau_part.stride(),
-            H, L, D, W, scale,
+            H, L, D, w_eff, scale,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
         )
@@ -458,7 +460,7 @@ def lazy_attention_backward_dq(q, k, v, bias, tau, do, lse, delta, scale: Option
             q, k, v, bias, tau, do, lse, delta, dq, part,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *tau.stride(),
             *do.stride(), *lse.stride(), *delta.stride(), *dq.stride(), *part.stride(),
-            H, L, D, W, n_diag, scale,
+            H, L, D, w_eff, n_diag, scale,
             BLOCK=block, BLOCK_D=runtime.head_dim_block(D),
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
         )
@@ -561,6 +563,7 @@ def lazy_attention_backward_dkdv(q, k, v, bias, tau, do, lse, delta, scale: Opti
     runtime.check_grad_output(do, q)
     B, H, L, D = q.shape
     scale = runtime.check_scale(scale, D)
+    w_eff = min(W, L - 1)
     dk = runtime.new_output((B, H, L, D), k.dtype, k.device)
     dv = runtime.new_output((B, H, L, D), v.dtype, v.device)
 
@@ -569,7 +572,7 @@ def lazy_attention_backward_dkdv(q, k, v, bias, tau, do, lse, delta, scale: Opti
             q, k, v, bias, tau, do, lse, delta, dk, dv,
             *q.stride(), *k.stride(), *v.stride(), *bias.stride(), *tau.stride(),
             *do.stride(), *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(),
-            H, L, D, W, scale,
+            H, L, D, w_eff, scale,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
         )

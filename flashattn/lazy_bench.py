@@ -167,15 +167,15 @@ def plot(lines: list[dict], env: dict, cfg: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for provider, style in (("triton", "o-"), ("pytorch", "s--")):
+    for provider, style, color in (("triton", "o-", "C0"), ("pytorch", "s--", "C3")):
         pts = [(ln["L"], ln[provider]) for ln in lines if "error" not in ln[provider]]
         if not pts:
             continue
         Ls = [p[0] for p in pts]
-        axes[0].plot(Ls, [p[1]["fwd_bwd_ms"] for p in pts], style, label=f"{provider} fwd+bwd")
-        axes[0].plot(Ls, [p[1]["fwd_ms"] for p in pts], style, alpha=0.4, label=f"{provider} fwd")
+        axes[0].plot(Ls, [p[1]["fwd_bwd_ms"] for p in pts], style, color=color, label=f"{provider} fwd+bwd")
+        axes[0].plot(Ls, [p[1]["fwd_ms"] for p in pts], style, color=color, alpha=0.4, label=f"{provider} fwd")
         if all("peak_mib" in p[1] for p in pts):
-            axes[1].plot(Ls, [p[1]["peak_mib"] for p in pts], style, label=provider)
+            axes[1].plot(Ls, [p[1]["peak_mib"] for p in pts], style, color=color, label=provider)
         for ln in lines:
             if "error" in ln[provider]:  # e.g. the materialised version out of memory
                 axes[0].axvline(ln["L"], color="grey", ls=":", lw=1)

@@ -304,7 +304,7 @@ def test_bad_inputs_are_refused_with_a_clear_message():
 @pytest.mark.parametrize("W", [256, 4096], ids=lambda w: f"W{w}")
 def test_realistic_sizes_on_gpu(dtype, W):
     B, H, L, D = 2, 8, 2048, 64
-    q, k, v, do = (rand(B, H, L, D, dtype=dtype) for _ in range(4))
+    q, k, v, do = (rand(B, H, L, D, dtype=dtype, layout="bshd") for _ in range(4))
     bias, tau = params(H, W, torch.linspace(-2.0, 1.0, H).tolist())
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v, bias, tau)]
     out = lazy_attention(*leaves)
@@ -349,3 +349,11 @@ def test_exercise_checker_names_the_classic_bug(bug, message):
 
     with pytest.raises(AssertionError, match=message):
         check_lazy_backward(lambda *a: _one_head_backward(*a, bug=bug), verbose=False)
+
+
+@pytest.mark.skipif(ON_GPU, reason="the refusal is for machines without a GPU")
+def test_benchmark_refuses_the_cpu_without_quick(capsys):
+    from flashattn import lazy_bench
+
+    assert lazy_bench.main([]) == 2
+    assert "--quick" in capsys.readouterr().err
