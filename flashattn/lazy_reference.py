@@ -1,0 +1,248 @@
+"""Lazy attention in plain PyTorch: the oracle for the Triton kernels in ``lazy.py``.
+
+The operator (always causal; q, k, v ``[B, H, L, D]``, bias ``[H, W+1]``, tau ``[H]``)::
+
+    S[i, j] = q_i . k_j * scale + b[i, j],   b[i, j] = bias[h, i - j] if 0 <= i - j <= W, else 0
+    P       = softmax(S) over the visible keys j <= i
+    A[i, j] = ReLU(P[i, j] + tau[h] / (i + 1))   for j <= i,     A[i, j] = 0 for j > i
+    O       = A V
+
+Rows. ``i`` counts from 0, so row ``i`` has exactly ``i + 1`` visible keys and ``tau/(i+1)`` is
+added to each of them, never to the hidden keys ``j > i``: where the ReLU does not clip, a row of
+A sums to ``1 + tau``. ``tau > 0`` spreads extra mass evenly over the row; ``tau < 0`` removes
+``|tau|/(i+1)`` from every entry and the ReLU zeroes the small ones: the row becomes sparse.
+Keys further than W back are still attended, with no bias.
+
+Backward, given dO (the formulas the kernels implement; ``gate`` is the ReLU's derivative)::
+
+    dV    = A^T dO
+    dA    = dO V^T
+    gate  = 1[P + tau/(i+1) > 0]  on j <= i           (0 on j > i)
+    dP    = dA * gate
+    delta = rowsum(P * dP)                            (NOT rowsum(dO * O): O = A V, not P V)
+    dS    = P * (dP - delta)
+    dQ    = dS K * scale,   dK = dS^T Q * scale
+    dBias[h, d] = sum of dS[b, h, i, j] over all b and i - j = d     (d <= W)
+    dTau[h]     = sum of dP[b, h, i, j] / (i + 1) over all b, i, j <= i
+
+Everything here materialises L x L matrices: small sizes only (per batch element on a GPU).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Callable, Optional
+
+import torch
+
+
+# --------------------------------------------------------------------------------------
+# the forward, written for autograd to differentiate
+# --------------------------------------------------------------------------------------
+def distance_bias(bias: torch.Tensor, L: int) -> torch.Tensor:
+    """``[H, L, L]`` matrix b with b[h, i, j] = bias[h, i - j] for 0 <= i - j <= W, else 0.
+    Differentiable in ``bias`` (an index into it, masked)."""
+    W = bias.shape[-1] - 1
+    i = torch.arange(L, device=bias.device)[:, None]
+    j = torch.arange(L, device=bias.device)[None, :]
+    dist = i - j
+    inside = (dist >= 0) & (dist <= W)
+    return bias[:, dist.clamp(0, W)] * inside
+
+
+@dataclass
+class LazyParts:
+    """The intermediate matrices of one lazy-attention forward, ``[B, H, L, L]`` (O: ``[B, H, L, D]``)."""
+
+    S: torch.Tensor
+    P: torch.Tensor
+    A: torch.Tensor
+    O: torch.Tensor
+    LSE: torch.Tensor
+
+    def __repr__(self) -> str:
+        return "LazyParts(" + ", ".join(f"{f.name}={tuple(getattr(self, f.name).shape)}"
+                                        for f in fields(self)) + ")"
+
+
+def lazy_attention_reference(q, k, v, bias, tau, *, scale: Optional[float] = None,
+                             dtype: Optional[torch.dtype] = torch.float64,
+                             return_parts: bool = False):
+    """Lazy attention by its formula, in ``dtype`` (float64 by default; None keeps q's dtype).
+
+    Differentiable in q, k, v, bias and tau through ordinary autograd: the gradients of this
+    function are the oracle for the kernels' backward. Returns O ``[B, H, L, D]`` (or a
+    :class:`LazyParts` with S, P, A, O, LSE if ``return_parts``).
+    """
+    L, D = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    if dtype is not None:
+        q, k, v, bias, tau = (t.to(dtype) for t in (q, k, v, bias, tau))
+    i = torch.arange(L, device=q.device)
+    causal = i[None, :] <= i[:, None]                                   # j <= i
+    S = (q @ k.transpose(-1, -2)) * scale + distance_bias(bias, L)
+    S = S.masked_fill(~causal, float("-inf"))
+    LSE = torch.logsumexp(S, dim=-1)
+    P = torch.softmax(S, dim=-1)
+    shift = tau[:, None, None] / (i + 1).to(q.dtype)[:, None]           # [H, L, 1]: tau/(i+1)
+    A = torch.relu(P + shift) * causal                                  # only on j <= i
+    O = A @ v
+    if return_parts:
+        return LazyParts(S=S, P=P, A=A, O=O, LSE=LSE)
+    return O
+
+
+def lazy_gradients_autograd(q, k, v, bias, tau, do, *, scale: Optional[float] = None,
+                            dtype: torch.dtype = torch.float64) -> dict:
+    """O, dQ, dK, dV, dBias, dTau by autograd through :func:`lazy_attention_reference`, in
+    ``dtype``. dBias and dTau are summed over the batch given. For large inputs call it per
+    batch element and add up dBias and dTau (see :func:`lazy_gradients_per_batch`)."""
+    leaves = [t.detach().to(dtype).requires_grad_(True) for t in (q, k, v, bias, tau)]
+    out = lazy_attention_reference(*leaves, scale=scale, dtype=None)
+    grads = torch.autograd.grad(out, leaves, do.to(dtype))
+    return dict(zip(("O", "dQ", "dK", "dV", "dBias", "dTau"), (out.detach(),) + grads))
+
+
+def lazy_gradients_per_batch(q, k, v, bias, tau, do, *, scale: Optional[float] = None,
+                             dtype: torch.dtype = torch.float64) -> dict:
+    """:func:`lazy_gradients_autograd` one batch element at a time (an L x L matrix per head
+    instead of per batch and head), with dBias and dTau summed over the batch."""
+    parts = [lazy_gradients_autograd(q[b:b + 1], k[b:b + 1], v[b:b + 1], bias, tau, do[b:b + 1],
+                                     scale=scale, dtype=dtype) for b in range(q.shape[0])]
+    out = {n: torch.cat([p[n] for p in parts]) for n in ("O", "dQ", "dK", "dV")}
+    out["dBias"] = sum(p["dBias"] for p in parts)
+    out["dTau"] = sum(p["dTau"] for p in parts)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# the backward, written out formula by formula (what the kernels compute, tile by tile)
+# --------------------------------------------------------------------------------------
+def lazy_backward_formulas(q, k, v, bias, tau, do, *, scale: Optional[float] = None,
+                           dtype: torch.dtype = torch.float64) -> dict:
+    """Every intermediate of the backward, by the explicit formulas (no autograd), in ``dtype``:
+    P, A, O, dA, gate, dP, delta, delta_wrong (= rowsum(dO * O), the shortcut that fails here),
+    dS, dQ, dK, dV, dBias ``[H, W+1]``, dTau ``[H]``."""
+    L, D = q.shape[-2], q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    q, k, v, bias, tau, do = (t.to(dtype) for t in (q, k, v, bias, tau, do))
+    parts = lazy_attention_reference(q, k, v, bias, tau, scale=scale, dtype=None, return_parts=True)
+    P, A, O = parts.P, parts.A, parts.O
+    i = torch.arange(L, device=q.device)
+    causal = i[None, :] <= i[:, None]
+    inv_count = 1.0 / (i + 1).to(dtype)                                  # 1/(i+1) per row
+    dV = A.transpose(-1, -2) @ do
+    dA = do @ v.transpose(-1, -2)
+    gate = causal & (P + tau[:, None, None] * inv_count[:, None] > 0)
+    dP = dA * gate
+    delta = (P * dP).sum(-1)
+    dS = P * (dP - delta[..., None])
+    dQ = dS @ k * scale
+    dK = dS.transpose(-1, -2) @ q * scale
+    W = bias.shape[-1] - 1
+    dBias = diagonal_sums(dS.sum(0), W)                                  # [H, W+1]
+    dTau = (dP.sum(-1) * inv_count).sum(dim=(0, 2))                      # [H]
+    return dict(P=P, A=A, O=O, dA=dA, gate=gate, dP=dP, delta=delta,
+                delta_wrong=(do * O).sum(-1), dS=dS, dQ=dQ, dK=dK, dV=dV, dBias=dBias, dTau=dTau)
+
+
+def diagonal_sums(M: torch.Tensor, W: int) -> torch.Tensor:
+    """``[..., W+1]``: entry d is the sum of M[..., i, i - d] over i (the d-th diagonal below
+    the main one); 0 for diagonals that do not exist (d >= L)."""
+    L = M.shape[-1]
+    out = M.new_zeros(M.shape[:-2] + (W + 1,))
+    for d in range(min(W, L - 1) + 1):
+        out[..., d] = torch.diagonal(M, offset=-d, dim1=-2, dim2=-1).sum(-1)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# the exercise checker (notebook solutions/07): a learner's one-head backward vs autograd
+# --------------------------------------------------------------------------------------
+_CHECK_CASES = [
+    # (L, D, W, taus per head, seed): several heads with their own bias and tau
+    (13, 8, 4, (0.3, -0.4, 1.5), 1),
+    (9, 8, 0, (0.5, -0.2), 2),          # W = 0: only the main diagonal is biased
+    (7, 8, 12, (0.0, -2.0), 3),         # W >= L; tau strongly negative: sparse rows
+]
+
+
+def check_lazy_backward(fn: Callable, *, verbose: bool = True) -> None:
+    """Check a learner's one-head lazy-attention backward against autograd, head by head.
+
+    ``fn(q, k, v, bias, tau, do, scale)`` gets one head in float64 (q, k, v, do ``[L, D]``,
+    bias ``[W+1]``, tau a 0-d tensor) and returns ``(dq, dk, dv, dbias, dtau)``. Several cases
+    (W = 0, W >= L, tau > 0, tau < 0 with sparse rows) and every head of each are tried. On a
+    mismatch an AssertionError names the tensor, the head, and the classic bug it looks like.
+    """
+    names = ("dQ", "dK", "dV", "dBias", "dTau")
+    for L, D, W, taus, seed in _CHECK_CASES:
+        g = torch.Generator().manual_seed(seed)
+        H = len(taus)
+        q, k, v, do = (torch.randn(1, H, L, D, generator=g, dtype=torch.float64) for _ in range(4))
+        bias = torch.randn(H, W + 1, generator=g, dtype=torch.float64)
+        tau = torch.tensor(taus, dtype=torch.float64)
+        scale = 1.0 / math.sqrt(D)
+        ref = lazy_gradients_autograd(q, k, v, bias, tau, do, scale=scale)
+        formulas = lazy_backward_formulas(q, k, v, bias, tau, do, scale=scale)
+        for h in range(H):
+            got = fn(q[0, h], k[0, h], v[0, h], bias[h], tau[h], do[0, h], scale)
+            if not isinstance(got, (tuple, list)) or len(got) != 5:
+                raise AssertionError("return a tuple (dq, dk, dv, dbias, dtau)")
+            want = (ref["dQ"][0, h], ref["dK"][0, h], ref["dV"][0, h], ref["dBias"][h], ref["dTau"][h])
+            for name, a, e in zip(names, got, want):
+                a = torch.as_tensor(a, dtype=torch.float64)
+                if a.shape != e.shape:
+                    raise AssertionError(f"{name} (L={L}, W={W}, head {h}): shape {tuple(a.shape)}, "
+                                         f"expected {tuple(e.shape)}")
+                err = float((a - e).norm() / e.norm().clamp_min(1e-300))
+                if not (err < 1e-8):
+                    hint = _diagnose(name, a, h, formulas, q, k, v, bias, tau, do, scale)
+                    raise AssertionError(f"{name} is wrong (L={L}, W={W}, tau={taus[h]}, head {h}): "
+                                         f"relative error {err:.2e}. {hint}")
+        if verbose:
+            print(f"L={L:>2} W={W:>2} taus={taus}: every head matches autograd")
+    if verbose:
+        print("PASS: your backward matches autograd for every case and every head")
+
+
+def _diagnose(name, got, h, f, q, k, v, bias, tau, do, scale) -> str:
+    """Compare a wrong answer with the classic mistakes; name the one it matches."""
+    L = q.shape[-2]
+    i = torch.arange(L)
+    inv = 1.0 / (i + 1).double()
+    P, dP, dA, gate = f["P"][0, h], f["dP"][0, h], f["dA"][0, h], f["gate"][0, h]
+    W = bias.shape[-1] - 1
+
+    def close(x):
+        return x.shape == got.shape and float((got - x).norm() / x.norm().clamp_min(1e-300)) < 1e-6
+
+    wrong_delta = f["delta_wrong"][0, h]
+    dS_wrong_delta = P * (dP - wrong_delta[:, None])
+    dS_no_gate = P * (dA * (i[None, :] <= i[:, None]) - (P * dA).sum(-1, keepdim=True))
+    candidates = {
+        "dQ": [(dS_wrong_delta @ k[0, h] * scale, "delta = rowsum(dO * O) is the softmax-attention "
+                "shortcut; here O = A V, so use delta = rowsum(P * dP)."),
+               (dS_no_gate @ k[0, h] * scale, "the ReLU gate is missing: dP = dA * 1[P + tau/(i+1) > 0]."),
+               (f["dS"][0, h] @ k[0, h], "the scale is missing: S = Q K^T * scale, so dQ = dS K * scale.")],
+        "dK": [(dS_wrong_delta.T @ q[0, h] * scale, "delta = rowsum(dO * O) does not hold here: "
+                "use delta = rowsum(P * dP)."),
+               (f["dS"][0, h] @ q[0, h] * scale, "dK needs dS transposed: dK = dS^T Q * scale."),
+               (f["dS"][0, h].T @ q[0, h], "the scale is missing: dK = dS^T Q * scale.")],
+        "dV": [(P.T @ do[0, h], "dV = A^T dO (the ReLU-shifted A), not P^T dO.")],
+        "dBias": [(diagonal_sums(dS_wrong_delta, W), "dS uses the wrong delta (rowsum(dO * O)): "
+                   "use rowsum(P * dP)."),
+                  (diagonal_sums(f["dS"][0, h].T, W), "dBias[d] sums the diagonal i - j = d, below "
+                   "the main one (j <= i), not above it.")],
+        "dTau": [((dA * gate).sum(), "dTau needs the 1/(i+1) factor: tau enters as tau/(i+1)."),
+                 (((dA * (i[None, :] <= i[:, None])).sum(-1) * inv).sum(),
+                  "dTau must be gated: entries clipped by the ReLU get no gradient."),
+                 ((dA.sum(-1) * inv).sum(), "tau/(i+1) is added only on j <= i: sum dA over the "
+                  "causal entries only (and gate them).")],
+    }
+    for candidate, message in candidates.get(name, []):
+        if close(candidate):
+            return "It looks like this classic bug: " + message
+    if name in ("dQ", "dK", "dBias"):
+        return "Check dS = P * (dP - delta) with dP = dA * gate and delta = rowsum(P * dP)."
+    return "Compare with the formulas in the lesson, one intermediate at a time."
