@@ -60,7 +60,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from . import runtime
-from .reference import attention_reference, causal_mask, repeat_kv
+from .reference import attention_reference, repeat_kv
 from .verify import per_head_relative_error, tolerance
 
 __all__ = [

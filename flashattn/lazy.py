@@ -34,7 +34,6 @@ diagonal within the window): O(L * W / BLOCK), O(L) for a fixed window.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import torch

@@ -16,40 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import triton
 
 from . import runtime
-from .bench import environment
+from .bench import DTYPES, environment, median_ms
 from .lazy import lazy_attention
 from .lazy_reference import lazy_attention_reference
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-
 
 def providers() -> dict[str, Callable]:
     def pytorch(q, k, v, bias, tau):
         return lazy_attention_reference(q, k, v, bias.to(q.dtype), tau.to(q.dtype), dtype=None)
 
     return {"triton": lazy_attention, "pytorch": pytorch}
-
-
-def median_ms(fn: Callable[[], object], rep_ms: int) -> float:
-    if torch.cuda.is_available():
-        return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
-    fn()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def make_inputs(B, H, L, D, W, dtype, device, seed=0):
