@@ -3,7 +3,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import flashattn
 from flashattn import flash_attention

@@ -5,7 +5,7 @@ import torch
 import flashattn
 from flashattn import KernelConfig
 
-from conftest import DEVICE, DTYPES, ON_GPU, TOL, assert_close_per_head, rand, reference
+from conftest import DTYPES, TOL, assert_close_per_head, rand, reference
 
 SMALL = KernelConfig(16, 16)  # forces several blocks on small inputs (interpreter and GPU)
 

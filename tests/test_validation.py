@@ -5,7 +5,7 @@ import torch
 import flashattn
 from flashattn import flash_attention
 
-from conftest import DEVICE, ON_GPU, rand
+from conftest import ON_GPU, rand
 
 
 def ok(B=1, H=2, H_kv=2, S_q=8, S_k=8, D=16, dtype=torch.float32):
