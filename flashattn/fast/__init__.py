@@ -4,12 +4,12 @@ The teaching kernels in ``flashattn.forward`` / ``flashattn.backward`` stay simp
 ``flash_attention`` uses on a GPU for fp16/bf16 and power-of-two head dims. Both pass the same
 correctness suite.
 """
-from .autograd import (BACKWARDS, HEAD_DIMS, FastFlashAttentionFunction, choose_backward,
-                       flash_attention_fast, supports)
+from .autograd import (BACKWARDS, HEAD_DIMS, FastFlashAttentionFunction, flash_attention_fast,
+                       supports)
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
 from .fused import fused_attention_backward
 
-__all__ = ["flash_attention_fast", "FastFlashAttentionFunction", "supports", "choose_backward",
+__all__ = ["flash_attention_fast", "FastFlashAttentionFunction", "supports",
            "fast_attention_forward", "fast_attention_backward", "fused_attention_backward",
            "HEAD_DIMS", "BACKWARDS"]

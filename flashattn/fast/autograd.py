@@ -1,9 +1,16 @@
 """The tuned path wired into autograd: what ``flash_attention`` runs on a GPU by default.
 
 It takes fp16/bf16 inputs with a power-of-two head dim (16..256), GQA and any strides; for
-anything else ``flash_attention`` falls back to the teaching kernels. The backward is either
-the two-kernel design or the fused one (dQ by atomics); ``choose_backward`` says which, from
-measurements on an H100 (see ``notebooks/06_performance.ipynb``).
+anything else ``flash_attention`` falls back to the teaching kernels. The backward is the
+two-kernel design (dQ kernel + dK/dV kernel, no atomics); the fused one (dQ by fp32 atomic adds)
+is there to compare with, on request (``backward="fused"``).
+
+Why two kernels by default, measured on an H100 (fp16 and bf16, B*S = 16k, H*D = 2048, the two
+backwards timed alternately; ``results/`` and ``notebooks/06_performance.ipynb``): the tuned
+two-kernel backward wins by 15-25% at D=64, 6-13% at D=128 up to S=16k, and ties (within 1.5%)
+only at D=128, causal, S=16k. Recomputing P and dS in the dQ kernel costs less than the fused
+kernel's BLOCK_M x D fp32 atomic adds per tile; and the two-kernel result is bit-reproducible,
+the atomic one is not.
 """
 from __future__ import annotations
 
@@ -30,21 +37,6 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, s
     return True, ""
 
 
-def choose_backward(head_dim: int, causal: bool, S_q: int, S_k: int) -> str:
-    """Which backward to run, from H100 measurements (fp16, B*S = 16k, H*D = 2048; see
-    ``results/`` and notebook 06). The two-kernel design wins at D=64 at every length (by 10-25%:
-    at D=64 a tile's matrix products are cheap, so the fused kernel's BLOCK_M x D atomic adds
-    per tile cost more than the dQ kernel's recomputation of P and dS). At D=128 and long
-    sequences the recomputation costs more and the fused kernel wins by ~5%. The fused kernel's
-    dQ is not bit-reproducible (atomic adds in varying order), so it is never chosen when
-    ``torch.use_deterministic_algorithms(True)`` is on."""
-    if torch.are_deterministic_algorithms_enabled():
-        return "two-kernel"
-    if head_dim >= 128 and min(S_q, S_k) >= 8192:
-        return "fused"
-    return "two-kernel"
-
-
 class FastFlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float, backward: str):
@@ -57,10 +49,7 @@ class FastFlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-        which = ctx.backward
-        if which == "auto":
-            which = choose_backward(q.shape[-1], ctx.causal, q.shape[2], k.shape[2])
-        if which == "fused" and needs_q and (needs_k or needs_v):
+        if ctx.backward == "fused" and needs_q and (needs_k or needs_v):
             dq, dk, dv = fused_attention_backward(q, k, v, o, do, lse, ctx.causal, ctx.scale)
         else:
             dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, ctx.causal, ctx.scale,
@@ -70,7 +59,7 @@ class FastFlashAttentionFunction(torch.autograd.Function):
 
 
 def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
-                         backward: str = "auto") -> torch.Tensor:
+                         backward: str = "two-kernel") -> torch.Tensor:
     """The tuned kernels only (raises ValueError where they do not apply)."""
     runtime.check_qkv(q, k, v)
     causal = runtime.check_causal(causal)
@@ -78,6 +67,9 @@ def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float
     ok, why = supports(q, k, v)
     if not ok:
         raise ValueError(why)
-    if backward not in ("auto",) + BACKWARDS:
-        raise ValueError(f"backward must be 'auto', 'two-kernel' or 'fused', got {backward!r}")
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be 'two-kernel' or 'fused', got {backward!r}")
+    if backward == "fused" and torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
+                           "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
     return FastFlashAttentionFunction.apply(q, k, v, causal, scale, backward)

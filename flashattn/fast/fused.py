@@ -6,7 +6,8 @@ its K/V block, it also forms that tile's contribution to dQ, ``dS K``, and adds 
 dQ buffer with ``tl.atomic_add`` (many programs touch the same dQ rows, so they must be atomic).
 A final cast turns the buffer into dQ. Fewer FLOPs (4 matrix products per tile instead of 5),
 but BLOCK_M x D atomic adds per tile and a run-to-run order of the additions that is not fixed
-(dQ is not bit-reproducible). Which one wins is measured in ``python -m flashattn.bench``.
+(dQ is not bit-reproducible). Measured in ``python -m flashattn.bench``: two kernels win
+or tie everywhere on an H100, so this one is kept for comparison (``backward="fused"``).
 """
 from __future__ import annotations
 
