@@ -67,6 +67,21 @@ def assert_close_per_head(name, actual, expected, tol):
     assert worst <= tol, f"{name}: worst head rel err {worst:.2e} > {tol:.0e}; per head:\n{err}"
 
 
+# flashattn.check results (test_check.py, test_check_kernels.py): run a checker quietly, then
+# assert it named exactly the planted bug, or nothing at all.
+def run_checker(checker, fn, **kw):
+    return checker(fn, raise_on_fail=False, show=False, **kw)
+
+
+def assert_hint(result, hint):
+    assert not result.ok, "the planted bug went unnoticed:\n" + result.report()
+    assert result.hint_ids == [hint], f"expected [{hint}], got {result.hint_ids}\n" + result.report()
+
+
+def assert_clean(result):
+    assert result.ok and result.hint_ids == [], result.report()
+
+
 def reference(q, k, v, do=None, *, causal=False, scale=None):
     """High-precision oracle: the float64 materialised reference, computed one batch element and
     one K/V head (with its GQA group of query heads) at a time, so that realistic sizes fit."""

@@ -8,18 +8,7 @@ import flashattn
 from flashattn import check
 from flashattn.reference import causal_mask
 
-
-def run(checker, fn, **kw):
-    return checker(fn, raise_on_fail=False, show=False, **kw)
-
-
-def assert_hint(result, hint):
-    assert not result.ok, "the planted bug went unnoticed:\n" + result.report()
-    assert result.hint_ids == [hint], f"expected [{hint}], got {result.hint_ids}\n" + result.report()
-
-
-def assert_clean(result):
-    assert result.ok and result.hint_ids == [], result.report()
+from conftest import assert_clean, assert_hint, run_checker
 
 
 # --------------------------------------------------------------------------------------
@@ -64,12 +53,12 @@ def make_backward(bug=None):
 
 
 def test_attention_backward_correct_passes():
-    assert_clean(run(check.attention_backward, make_backward()))
+    assert_clean(run_checker(check.attention_backward, make_backward()))
 
 
 @pytest.mark.parametrize("bug", ["heads", "causal", "scale", "delta", "race", "lse", "grad_order"])
 def test_attention_backward_planted(bug):
-    assert_hint(run(check.attention_backward, make_backward(bug)), bug)
+    assert_hint(run_checker(check.attention_backward, make_backward(bug)), bug)
 
 
 def test_attention_backward_gqa_battery():
@@ -77,7 +66,7 @@ def test_attention_backward_gqa_battery():
         from flashattn.reference import attention_reference
         r = attention_reference(q, k, v, do, causal=causal, scale=scale)
         return r.dQ.float(), r.dK.float(), r.dV.float()
-    assert_clean(run(check.attention_backward, gqa_backward, gqa=True))
+    assert_clean(run_checker(check.attention_backward, gqa_backward, gqa=True))
 
 
 def test_not_implemented_raises_assertion_after_printing(capsys):
@@ -109,7 +98,7 @@ def test_exception_in_some_cases_is_reported_with_the_line():
         do = do.view(do.shape)   # fine ...
         flat = do.view(-1)        # ... but .view of a non-contiguous dO raises
         return make_backward()(q, k, v, o, flat.view(do.shape), lse, causal, scale)
-    r = run(check.attention_backward, view_bug)
+    r = run_checker(check.attention_backward, view_bug)
     assert r.hint_ids == ["exception"]
     failing = {x.case.name for x in r.failed}
     assert "aligned" not in failing and "garbage past the end" in failing
@@ -120,7 +109,7 @@ def test_wrong_shape_is_named():
     def transposed(q, k, v, o, do, lse, causal, scale):
         dq, dk, dv = make_backward()(q, k, v, o, do, lse, causal, scale)
         return dq.transpose(-1, -2), dk, dv
-    r = run(check.attention_backward, transposed)
+    r = run_checker(check.attention_backward, transposed)
     assert r.hint_ids == ["shape"]
 
 
@@ -139,9 +128,9 @@ def make_rebuild_p(bug=None):
 
 
 def test_rebuild_p():
-    assert_clean(run(check.rebuild_p, make_rebuild_p()))
-    assert_hint(run(check.rebuild_p, make_rebuild_p("causal")), "causal")
-    assert_hint(run(check.rebuild_p, make_rebuild_p("lse")), "lse")
+    assert_clean(run_checker(check.rebuild_p, make_rebuild_p()))
+    assert_hint(run_checker(check.rebuild_p, make_rebuild_p("causal")), "causal")
+    assert_hint(run_checker(check.rebuild_p, make_rebuild_p("lse")), "lse")
 
 
 def make_online(bug=None):
@@ -177,7 +166,7 @@ def make_online(bug=None):
 
 @pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding"])
 def test_online_softmax(bug):
-    r = run(check.online_softmax, make_online(bug))
+    r = run_checker(check.online_softmax, make_online(bug))
     assert_clean(r) if bug is None else assert_hint(r, bug)
 
 
@@ -213,16 +202,16 @@ def make_function(bug=None):
 
 
 def test_autograd_function_correct_passes():
-    assert_clean(run(check.autograd_function, make_function()))
+    assert_clean(run_checker(check.autograd_function, make_function()))
 
 
 @pytest.mark.parametrize("bug", ["causal", "scale", "lse", "grad_order"])
 def test_autograd_function_planted(bug):
-    assert_hint(run(check.autograd_function, make_function(bug)), bug)
+    assert_hint(run_checker(check.autograd_function, make_function(bug)), bug)
 
 
 def test_autograd_wrong_number_of_gradients_is_explained():
-    r = run(check.autograd_function, make_function("count"), cases=check.AUTOGRAD_BATTERY[:1])
+    r = run_checker(check.autograd_function, make_function("count"), cases=check.AUTOGRAD_BATTERY[:1])
     assert r.hint_ids == ["exception"]
     assert "None for the non-tensor arguments" in r.diagnosis()
 

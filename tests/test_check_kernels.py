@@ -15,18 +15,7 @@ import flashattn
 from flashattn import backward, check, planted
 from flashattn.planted import Edit
 
-
-def run(checker, fn, **kw):
-    return checker(fn, raise_on_fail=False, show=False, **kw)
-
-
-def assert_hint(result, hint):
-    assert not result.ok, "the planted bug went unnoticed:\n" + result.report()
-    assert result.hint_ids == [hint], f"expected [{hint}], got {result.hint_ids}\n" + result.report()
-
-
-def assert_clean(result):
-    assert result.ok and result.hint_ids == [], result.report()
+from conftest import assert_clean, assert_hint, run_checker
 
 
 # --------------------------------------------------------------------------------------
@@ -105,33 +94,33 @@ DKDV_BUGS = {
 
 
 def test_dq_kernel_correct_passes():
-    assert_clean(run(check.dq_kernel, launch_dq))
-    assert_clean(run(check.dq_kernel, launch_dq_direct))
+    assert_clean(run_checker(check.dq_kernel, launch_dq))
+    assert_clean(run_checker(check.dq_kernel, launch_dq_direct))
 
 
 @pytest.mark.parametrize("bug", list(DQ_BUGS))
 def test_dq_kernel_planted(bug):
     with planted.planted_bug(backward, "attn_bwd_dq_kernel", DQ_BUGS[bug]):
-        r = run(check.dq_kernel, launch_dq_direct)
+        r = run_checker(check.dq_kernel, launch_dq_direct)
     assert_hint(r, bug)
 
 
 def test_dkdv_kernel_correct_passes():
-    assert_clean(run(check.dkdv_kernel, launch_dkdv))
-    assert_clean(run(check.dkdv_kernel, launch_dkdv_direct))
+    assert_clean(run_checker(check.dkdv_kernel, launch_dkdv))
+    assert_clean(run_checker(check.dkdv_kernel, launch_dkdv_direct))
 
 
 @pytest.mark.parametrize("bug", list(DKDV_BUGS))
 def test_dkdv_kernel_planted(bug):
     with planted.planted_bug(backward, "attn_bwd_dkdv_kernel", DKDV_BUGS[bug]):
-        r = run(check.dkdv_kernel, launch_dkdv_direct)
+        r = run_checker(check.dkdv_kernel, launch_dkdv_direct)
     assert_hint(r, bug)
 
 
 def test_dq_grid_rounded_down_leaves_nan_rows():
     def launch(q, k, v, do, lse, delta, dq, causal, scale):   # grid S_q // BLOCK, not cdiv
         launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=lambda a, b: a // b)
-    r = run(check.dq_kernel, launch)
+    r = run_checker(check.dq_kernel, launch)
     assert_hint(r, "unwritten")
     assert "wrong rows" in r.diagnosis()
 
@@ -198,7 +187,7 @@ def launch_tile_atomic(q, k, v, do, lse, delta, dk, dv, causal, scale):
 def test_dkdv_race_is_named():
     # the two repeated cases are what reveals the race; the others only cost time here
     cases = [c for c in check.BATTERY if c.repeat]
-    r = run(check.dkdv_kernel, launch_tile_atomic, cases=cases)
+    r = run_checker(check.dkdv_kernel, launch_tile_atomic, cases=cases)
     assert_hint(r, "race")
 
 
