@@ -5,10 +5,10 @@ anything else ``flash_attention`` falls back to the teaching kernels. The backwa
 two-kernel design (dQ kernel + dK/dV kernel, no atomics); the fused one (dQ by fp32 atomic adds)
 is there to compare with, on request (``backward="fused"``).
 
-Why two kernels by default, measured on an H100 (fp16 and bf16, B*S = 16k, H*D = 2048, the two
-backwards timed alternately; ``results/`` and ``notebooks/06_performance.ipynb``): the tuned
-two-kernel backward wins by 15-25% at D=64, 6-13% at D=128 up to S=16k, and ties (within 1.5%)
-only at D=128, causal, S=16k. Recomputing P and dS in the dQ kernel costs less than the fused
+Why two kernels by default, measured on an H100 (fp16 and bf16, B*S = 16k, H*D = 2048;
+``results/`` and ``notebooks/06_performance.ipynb``): across the benchmark grid the tuned
+two-kernel backward is 5-38% faster at D=64 and 7-29% at D=128, except at D=128, causal,
+S=16k, where the two tie (0.97-1.03x in the grid, 0.99-1.01x when timed alternately). Recomputing P and dS in the dQ kernel costs less than the fused
 kernel's BLOCK_M x D fp32 atomic adds per tile; and the two-kernel result is bit-reproducible,
 the atomic one is not.
 """

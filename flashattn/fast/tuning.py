@@ -62,9 +62,11 @@ def _prune(name: str):
 
 
 def _quick_bench(fn, quantiles=None):
-    # A median over ~60 ms per candidate: with 25 ms the tuner once kept a D=128 forward tile
-    # 10% slower than the best on an H100. (The default, 25 ms warm-up + 100 ms per candidate,
-    # makes first calls needlessly slow.)
+    # A median over ~60 ms per candidate. The best candidates are often within 3-8% of each
+    # other (an exhaustive H100 sweep), so a short timing can keep the wrong one: with 25 ms
+    # the tuner once kept a D=128 forward tile 10% slower than the best, and even 60 ms does not
+    # separate tiles a few percent apart every time (notebook 06's ablation). The default, 25 ms
+    # warm-up + 100 ms per candidate, makes first calls needlessly slow.
     return triton.testing.do_bench(fn, warmup=10, rep=60, quantiles=quantiles)
 
 
