@@ -42,23 +42,46 @@ import torch  # noqa: E402  (after the interpreter decision on purpose)
 import triton  # noqa: E402
 
 
-def _check_interpreter_numpy() -> None:
-    # Triton < 3.8's interpreter converts loop bounds with int(array([n])), which NumPy 2.4
-    # turned into a TypeError deep inside the first kernel launch. Say so up front instead.
-    import numpy as np
+def _index_of_scalar(self) -> int:
+    # A scalar in the interpreter is a NumPy array of one element, of shape () or (1,).
+    return int(self.handle.data.reshape(()))
 
-    tv = tuple(int(x) for x in triton.__version__.split(".")[:2])
-    nv = tuple(int(x) for x in np.__version__.split(".")[:2])
-    if tv < (3, 8) and nv >= (2, 4):
-        raise ImportError(
-            f"Triton {triton.__version__}'s CPU interpreter does not work with NumPy "
-            f"{np.__version__}. Upgrade Triton (pip install -U 'triton>=3.8') or keep NumPy "
-            "below 2.4 (pip install 'numpy<2.4')."
-        )
+
+def _make_interpreter_index_numpy_proof() -> bool:
+    """Triton 3.2-3.6's interpreter turns a scalar tensor into a Python int (a loop bound, say)
+    with ``int(array([n]))``; NumPy 2.4 made that a TypeError, so every kernel with a loop
+    failed on its first launch. Triton 3.7 reshapes first. For the older ones, wrap the
+    function that patches ``tl.tensor`` for each interpreted launch so that ``__index__``
+    reshapes too. Returns True if the wrap was needed."""
+    import inspect
+
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_flashattn_wrapped", False):
+        return False
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):  # pragma: no cover - source not shipped
+        return False
+    if "int(self.handle.data)" not in source:
+        return False            # this Triton already converts safely
+
+    @functools.wraps(original)
+    def patch_lang_tensor(tensor, *scope):
+        original(tensor, *scope)
+        if scope:               # triton 3.6: changes go through a scope that restores them
+            scope[0].set_attr(tensor, "__index__", _index_of_scalar)
+        else:                   # triton 3.2-3.5: set for good
+            tensor.__index__ = _index_of_scalar
+
+    patch_lang_tensor._flashattn_wrapped = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+    return True
 
 
 if INTERPRET:
-    _check_interpreter_numpy()
+    _make_interpreter_index_numpy_proof()
 
 
 class BF16FallbackWarning(UserWarning):
