@@ -1,4 +1,4 @@
-"""``flash_attention``: the kernels wired into PyTorch's autograd.
+"""The lesson kernels wired into PyTorch's autograd: ``FlashAttentionFunction``.
 
 Forward saves Q, K, V, O and LSE (O(S) extra memory: no S_q x S_k matrix). Backward gets dO
 from autograd, rebuilds P tile by tile from LSE, and returns one gradient per forward input
@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from . import fast, runtime
+from . import runtime
 from .backward import attention_backward
 from .forward import attention_forward
 
@@ -38,39 +38,17 @@ class FlashAttentionFunction(torch.autograd.Function):
                 None, None)
 
 
-IMPLEMENTATIONS = ("auto", "fast", "teaching")
-
-
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                    causal: bool = False, scale: Optional[float] = None,
-                    impl: str = "auto") -> torch.Tensor:
-    """Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``.
+def teaching_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                             causal: bool = False, scale: Optional[float] = None) -> torch.Tensor:
+    """The lesson kernels as a differentiable function: like
+    ``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)``.
 
     q ``[B, H, S_q, D]``; k, v ``[B, H_kv, S_k, D]`` with ``H % H_kv == 0`` (GQA/MQA);
     ``causal``: query i sees keys j <= i; ``scale`` defaults to 1/sqrt(D). Any strides.
-    Gradients flow to whichever of q, k, v require them.
-
-    ``impl``: ``"teaching"`` runs the kernels of ``forward.py`` / ``backward.py``;
-    ``"fast"`` the tuned ones of ``flashattn.fast`` (fp16/bf16, power-of-two head dims);
-    ``"auto"`` (default) the fast ones on a GPU where they apply, else the teaching ones.
-
-    bf16 where it cannot be multiplied (the CPU interpreter, GPUs before sm 8.0) runs in fp32
-    and is cast back, with a :class:`~flashattn.runtime.BF16FallbackWarning`.
+    (``flashattn.flash_attention`` runs this, or the tuned kernels of ``flashattn.fast``.)
     """
-    runtime.check_qkv(q, k, v, allow_bf16_fallback=True)
-    causal = runtime.check_causal(causal)
-    scale = runtime.check_scale(scale, q.shape[-1])
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-    input_dtype = q.dtype
-    kernel_dtype = runtime.compute_dtype(input_dtype, q.device)
-    if kernel_dtype != input_dtype:
-        # .to() is differentiable: autograd casts the gradients back to bf16 for us.
-        q, k, v = q.to(kernel_dtype), k.to(kernel_dtype), v.to(kernel_dtype)
-    if impl == "auto":
-        impl = "fast" if not runtime.INTERPRET and fast.supports(q, k, v)[0] else "teaching"
-    if impl == "fast":
-        out = fast.flash_attention_fast(q, k, v, causal=causal, scale=scale)
-    else:
-        out = FlashAttentionFunction.apply(q, k, v, causal, scale)
-    return out.to(input_dtype)
+    runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
+    causal = runtime.validate_causal(causal)
+    scale = runtime.validate_scale(scale, q.shape[-1])
+    return runtime.in_kernel_dtype(
+        lambda q_, k_, v_: FlashAttentionFunction.apply(q_, k_, v_, causal, scale), q, k, v)

@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime
-from .runtime import KernelConfig
+from . import configs, runtime
+from .configs import KernelConfig
 
 
 # --------------------------------------------------------------------------------------
@@ -60,10 +60,10 @@ def attention_backward_delta(o: torch.Tensor, do: torch.Tensor, *,
                              config: Optional[KernelConfig] = None) -> torch.Tensor:
     """delta = rowsum(dO * O), ``[B, H, S_q]`` in fp32 (fp64 for fp64 inputs).
     dO may have any strides (even 0)."""
-    runtime.check_grad_output(do, o)
+    runtime.validate_grad_output(do, o)
     B, H, S_q, D = o.shape
     delta = runtime.new_output((B, H, S_q), runtime.stats_dtype(o.dtype), o.device)
-    cfg = runtime.candidate_configs("delta", D, o.dtype, o.device, config)[0]
+    cfg = configs.candidates("delta", D, o.dtype, o.device, config)[0]
     grid = (triton.cdiv(S_q, cfg.BLOCK_M), B * H)
     attn_bwd_delta_kernel[grid](
         o, do, delta,
@@ -152,12 +152,12 @@ def attention_backward_dq(q, k, v, do, lse, delta, causal: bool = False,
                           scale: Optional[float] = None, *,
                           config: Optional[KernelConfig] = None) -> torch.Tensor:
     """dQ ``[B, H, S_q, D]`` from q, k, v, dO, the forward's LSE and delta = rowsum(dO * O)."""
-    runtime.check_qkv(q, k, v)
-    runtime.check_grad_output(do, q)
-    causal = runtime.check_causal(causal)
+    runtime.validate_qkv(q, k, v)
+    runtime.validate_grad_output(do, q)
+    causal = runtime.validate_causal(causal)
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
     dq = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
     block_d = runtime.head_dim_block(D)
 
@@ -173,8 +173,8 @@ def attention_backward_dq(q, k, v, do, lse, delta, causal: bool = False,
             **cfg.launch_options(),
         )
 
-    configs = runtime.candidate_configs("dq", D, q.dtype, q.device, config)
-    runtime.launch(("dq", D, q.dtype, q.device), configs, run)
+    candidates = configs.candidates("dq", D, q.dtype, q.device, config)
+    configs.launch(("dq", D, q.dtype, q.device), candidates, run)
     return dq
 
 
@@ -272,12 +272,12 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, causal: bool = False,
                             scale: Optional[float] = None, *,
                             config: Optional[KernelConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """dK, dV ``[B, H_kv, S_k, D]`` (summed over each GQA group of query heads)."""
-    runtime.check_qkv(q, k, v)
-    runtime.check_grad_output(do, q)
-    causal = runtime.check_causal(causal)
+    runtime.validate_qkv(q, k, v)
+    runtime.validate_grad_output(do, q)
+    causal = runtime.validate_causal(causal)
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
     block_d = runtime.head_dim_block(D)
@@ -294,8 +294,8 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, causal: bool = False,
             **cfg.launch_options(),
         )
 
-    configs = runtime.candidate_configs("dkdv", D, q.dtype, q.device, config)
-    runtime.launch(("dkdv", D, q.dtype, q.device), configs, run)
+    candidates = configs.candidates("dkdv", D, q.dtype, q.device, config)
+    configs.launch(("dkdv", D, q.dtype, q.device), candidates, run)
     return dk, dv
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 
 from . import runtime
-from .autograd import flash_attention
+from .api import flash_attention
 from .fast import flash_attention_fast
 from .reference import attention_autograd
 
@@ -163,9 +163,8 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
     from . import planted
     from .fast import backward as fast_bwd
     from .fast import forward as fast_fwd
-    from .fast import fused as fast_fused
     from .forward import attention_forward
-    from .runtime import KernelConfig
+    from .configs import KernelConfig
 
     fixed = {"fwd": KernelConfig(64, 64, 4, 3), "bwd": KernelConfig(64, 64, 4, 3)}
     if step == "teaching":
@@ -194,7 +193,7 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
         return fwd, bwd
     fwd = lambda: fast_fwd.fast_attention_forward(q, k, v, causal, scale)  # noqa: E731
     if step == "fused":
-        return fwd, lambda: fast_fused.fused_attention_backward(q, k, v, o, do, lse, causal, scale)
+        return fwd, lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, fused=True)
     return fwd, lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale)
 
 
@@ -333,9 +332,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"benchmarking on {env['where']}")
     if not args.no_precompile and any(p.startswith("flashattn-") for p in args.providers):
-        from .fast import tuning
+        from .fast import precompile
 
-        spent = tuning.precompile([DTYPES[d] for d in args.dtypes], args.head_dims, causals)
+        spent = precompile([DTYPES[d] for d in args.dtypes], args.head_dims, causals)
         env["precompile_s"] = round(spent, 1)
         print(f"compiled the fast kernels' variants in {spent:.0f} s")
     out = Path(args.out)

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime  # noqa: F401  (decides interpreter vs GPU before the kernel below is defined)
-from .runtime import KernelConfig
+from . import configs, runtime  # runtime first: decides interpreter vs GPU before any kernel is defined
+from .configs import KernelConfig
 
 
 @triton.jit
@@ -112,11 +112,11 @@ def attention_forward(
     ``config`` forces block sizes (e.g. ``KernelConfig(16, 16)`` to see several blocks on a
     tiny input); by default one that fits the device's shared memory is chosen.
     """
-    runtime.check_qkv(q, k, v)
-    causal = runtime.check_causal(causal)
+    runtime.validate_qkv(q, k, v)
+    causal = runtime.validate_causal(causal)
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
 
     o = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
     lse = runtime.new_output((B, H, S_q), runtime.stats_dtype(q.dtype), q.device)
@@ -133,6 +133,6 @@ def attention_forward(
             **cfg.launch_options(),
         )
 
-    configs = runtime.candidate_configs("fwd", D, q.dtype, q.device, config)
-    runtime.launch(("fwd", D, q.dtype, q.device), configs, run)
+    candidates = configs.candidates("fwd", D, q.dtype, q.device, config)
+    configs.launch(("fwd", D, q.dtype, q.device), candidates, run)
     return o, lse

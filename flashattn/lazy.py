@@ -40,8 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import runtime
-from .runtime import KernelConfig
+from . import configs, runtime
+from .configs import KernelConfig
 
 
 # --------------------------------------------------------------------------------------
@@ -52,7 +52,7 @@ _PARAM_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def check_lazy_inputs(q, k, v, bias, tau, *, allow_bf16_fallback: bool = False) -> int:
     """Validate the inputs of lazy attention; return the window W (= bias.shape[1] - 1)."""
-    runtime.check_qkv(q, k, v, allow_bf16_fallback=allow_bf16_fallback)
+    runtime.validate_qkv(q, k, v, allow_bf16_fallback=allow_bf16_fallback)
     if k.shape != q.shape:
         raise ValueError(f"lazy attention is causal self-attention: k and v must be shaped like q "
                          f"[B, H, L, D] = {tuple(q.shape)}, got {tuple(k.shape)}")
@@ -71,37 +71,13 @@ def check_lazy_inputs(q, k, v, bias, tau, *, allow_bf16_fallback: bool = False) 
     return bias.shape[1] - 1
 
 
-# GPU candidates, best first. The dQ kernel sums dBias along the diagonals of square tiles, so
-# its candidates have BLOCK_M == BLOCK_N. Each launch still steps down on OutOfResources.
-_GPU_CANDIDATES = {
-    "fwd": [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 2),
-            KernelConfig(32, 32, 4, 1), KernelConfig(16, 16, 2, 1)],
-    "pre": [KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 1),
-            KernelConfig(16, 16, 2, 1)],
-    "dq": [KernelConfig(64, 64, 4, 3), KernelConfig(32, 32, 4, 2), KernelConfig(16, 16, 2, 1)],
-    "dkdv": [KernelConfig(64, 64, 4, 3), KernelConfig(32, 64, 4, 2), KernelConfig(32, 32, 4, 1),
-             KernelConfig(16, 16, 2, 1)],
-}
-# what each kernel holds in shared memory looks like one of the plain kernels'
-_SMEM_LIKE = {"fwd": "fwd", "pre": "dq", "dq": "dq", "dkdv": "dkdv"}
-
-
 def lazy_configs(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
                  config: Optional[KernelConfig] = None) -> tuple[KernelConfig, ...]:
-    """Configs to try for one of the lazy kernels, best first: the user's if given, small
-    blocks on the interpreter, else the candidates whose shared memory fits the device."""
-    if config is not None:
-        cfgs = (config,)
-    elif runtime.INTERPRET:
-        cfgs = (runtime.INTERPRETER_CONFIG,)
-    else:
-        limit = runtime.device_shared_memory(device)
-        block_d = runtime.head_dim_block(head_dim)
-        cands = _GPU_CANDIDATES[kernel]
-        fits = [c for c in cands if runtime.shared_memory_estimate(
-            _SMEM_LIKE[kernel], c, block_d, dtype.itemsize) <= limit]
-        cfgs = tuple(fits or cands[-1:])
-    if kernel == "dq":  # square tiles (see lazy_bwd_dq_kernel)
+    """Configs to try for one of the lazy kernels (``fwd``, ``pre``, ``dq``, ``dkdv``), best
+    first: ``configs.candidates`` for ``lazy_<kernel>``. The dQ kernel sums dBias along the
+    diagonals of square tiles, so its tiles are made square."""
+    cfgs = configs.candidates(f"lazy_{kernel}", head_dim, dtype, device, config)
+    if kernel == "dq":
         cfgs = tuple(dataclasses.replace(c, BLOCK_N=c.BLOCK_M) for c in cfgs)
     return cfgs
 
@@ -206,7 +182,7 @@ def lazy_attention_forward(q, k, v, bias, tau, scale: Optional[float] = None, *,
     (fp64 for fp64 inputs). Any strides."""
     W = check_lazy_inputs(q, k, v, bias, tau)
     B, H, L, D = q.shape
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
     w_eff = min(W, L - 1)                 # the kernels see distances up to L - 1 only
     o = runtime.new_output((B, H, L, D), q.dtype, q.device)
     lse = runtime.new_output((B, H, L), runtime.stats_dtype(q.dtype), q.device)
@@ -222,7 +198,7 @@ def lazy_attention_forward(q, k, v, bias, tau, scale: Optional[float] = None, *,
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
         )
 
-    runtime.launch(("lazy_fwd", D, q.dtype, q.device), lazy_configs("fwd", D, q.dtype, q.device, config), run)
+    configs.launch(("lazy_fwd", D, q.dtype, q.device), lazy_configs("fwd", D, q.dtype, q.device, config), run)
     return o, lse
 
 
@@ -305,9 +281,9 @@ def lazy_attention_backward_preprocess(q, k, v, bias, tau, do, lse, scale: Optio
     """delta = rowsum(P * dP) ``[B, H, L]`` and dTau ``[H]`` (in tau's dtype).
     dO may have any strides (even 0)."""
     W = check_lazy_inputs(q, k, v, bias, tau)
-    runtime.check_grad_output(do, q)
+    runtime.validate_grad_output(do, q)
     B, H, L, D = q.shape
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
     acc_dtype = runtime.stats_dtype(q.dtype)
     w_eff = min(W, L - 1)
     delta = runtime.new_output((B, H, L), acc_dtype, q.device)
@@ -326,7 +302,7 @@ def lazy_attention_backward_preprocess(q, k, v, bias, tau, do, lse, scale: Optio
         )
         result["dtau_part"] = dtau_part
 
-    runtime.launch(("lazy_pre", D, q.dtype, q.device), lazy_configs("pre", D, q.dtype, q.device, config), run)
+    configs.launch(("lazy_pre", D, q.dtype, q.device), lazy_configs("pre", D, q.dtype, q.device, config), run)
     # stage 2 of the reduction: add up the partial sums of every batch element and query block
     dtau = runtime.new_output((H,), tau.dtype, q.device)
     dtau.copy_(result["dtau_part"].sum(dim=(0, 2)))
@@ -441,9 +417,9 @@ def lazy_attention_backward_dq(q, k, v, bias, tau, do, lse, delta, scale: Option
     """dQ ``[B, H, L, D]`` and dBias ``[H, W+1]`` (in bias's dtype), from the forward's LSE and
     the preprocess's delta. The config's BLOCK_N is set to its BLOCK_M (square tiles)."""
     W = check_lazy_inputs(q, k, v, bias, tau)
-    runtime.check_grad_output(do, q)
+    runtime.validate_grad_output(do, q)
     B, H, L, D = q.shape
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
     acc_dtype = runtime.stats_dtype(q.dtype)
     dq = runtime.new_output((B, H, L, D), q.dtype, q.device)
     w_eff = min(W, L - 1)                 # distances beyond L - 1 never occur
@@ -465,7 +441,7 @@ def lazy_attention_backward_dq(q, k, v, bias, tau, do, lse, delta, scale: Option
         )
         result["part"] = part
 
-    runtime.launch(("lazy_dq", D, q.dtype, q.device), lazy_configs("dq", D, q.dtype, q.device, config), run)
+    configs.launch(("lazy_dq", D, q.dtype, q.device), lazy_configs("dq", D, q.dtype, q.device, config), run)
     # stage 2: add up the partial sums over batch elements and query blocks
     dbias = runtime.new_output((H, W + 1), bias.dtype, q.device)
     dbias[:, :w_eff + 1] = result["part"].sum(dim=(0, 2))[:, :w_eff + 1]
@@ -559,9 +535,9 @@ def lazy_attention_backward_dkdv(q, k, v, bias, tau, do, lse, delta, scale: Opti
                                  config: Optional[KernelConfig] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """dK, dV ``[B, H, L, D]``."""
     W = check_lazy_inputs(q, k, v, bias, tau)
-    runtime.check_grad_output(do, q)
+    runtime.validate_grad_output(do, q)
     B, H, L, D = q.shape
-    scale = runtime.check_scale(scale, D)
+    scale = runtime.validate_scale(scale, D)
     w_eff = min(W, L - 1)
     dk = runtime.new_output((B, H, L, D), k.dtype, k.device)
     dv = runtime.new_output((B, H, L, D), v.dtype, v.device)
@@ -576,7 +552,7 @@ def lazy_attention_backward_dkdv(q, k, v, bias, tau, do, lse, delta, scale: Opti
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
         )
 
-    runtime.launch(("lazy_dkdv", D, q.dtype, q.device), lazy_configs("dkdv", D, q.dtype, q.device, config), run)
+    configs.launch(("lazy_dkdv", D, q.dtype, q.device), lazy_configs("dkdv", D, q.dtype, q.device, config), run)
     return dk, dv
 
 
@@ -632,7 +608,7 @@ def lazy_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
     and is cast back, with a :class:`~flashattn.runtime.BF16FallbackWarning`.
     """
     check_lazy_inputs(q, k, v, bias, tau, allow_bf16_fallback=True)
-    scale = runtime.check_scale(scale, q.shape[-1])
+    scale = runtime.validate_scale(scale, q.shape[-1])
     kernel_dtype = runtime.compute_dtype(q.dtype, q.device)
     if kernel_dtype != q.dtype:
         out = LazyAttentionFunction.apply(q.to(kernel_dtype), k.to(kernel_dtype), v.to(kernel_dtype),

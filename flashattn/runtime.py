@@ -1,4 +1,4 @@
-"""Device, dtype and block-size policy.
+"""Device, dtype and input-validation policy.
 
 This module is imported before any kernel is defined, because Triton decides when a
 ``@triton.jit`` function is *defined* whether it will run compiled on a GPU or inside its
@@ -9,8 +9,9 @@ Python interpreter (``TRITON_INTERPRET=1``). The rule:
   CPU (slowly, but exactly), with nothing for the user to do.
 
 Everything else here is policy the launchers share: which dtypes a kernel may see, how to
-pad the head dimension, which block sizes fit the device's shared memory, and how to allocate
-outputs (optionally poisoned with NaN, so a kernel that forgets to write an element is caught).
+pad the head dimension, the ``validate_*`` input checks (a clear error naming what was
+expected and what came), and how to allocate outputs (optionally poisoned with NaN, so a
+kernel that forgets to write an element is caught). Tile sizes live in ``configs.py``.
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ import functools
 import math
 import os
 import warnings
-from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
 
 def _decide_interpret() -> bool:
@@ -91,13 +91,18 @@ class BF16FallbackWarning(UserWarning):
 # --------------------------------------------------------------------------------------
 # devices and dtypes
 # --------------------------------------------------------------------------------------
-def where() -> str:
+def device_summary() -> str:
     """A one-line description of where the kernels run, for notebooks and logs."""
     if INTERPRET:
         return f"CPU, Triton interpreter (triton {triton.__version__}, torch {torch.__version__})"
     name = torch.cuda.get_device_name()
     cc = ".".join(map(str, torch.cuda.get_device_capability()))
     return f"{name} (sm {cc}, triton {triton.__version__}, torch {torch.__version__})"
+
+
+def where() -> str:
+    """Old name of :func:`device_summary` (it read like a masked select); kept for old code."""
+    return device_summary()
 
 
 def default_device() -> torch.device:
@@ -113,10 +118,16 @@ def _bf16_dot_supported(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
+def _triton_version() -> tuple[int, int]:
+    return tuple(int(x) for x in triton.__version__.split(".")[:2])
+
+
 def supported_dtypes() -> tuple[torch.dtype, ...]:
-    """Dtypes the kernels accept as they are, here."""
+    """Dtypes the kernels accept as they are, here. (The interpreter of Triton before 3.5
+    has no fp64 ``tl.dot``.)"""
     if INTERPRET:
-        return (torch.float16, torch.float32, torch.float64)
+        fp64 = (torch.float64,) if _triton_version() >= (3, 5) else ()
+        return (torch.float16, torch.float32) + fp64
     return (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -129,13 +140,23 @@ def compute_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     if dtype == torch.bfloat16 and not _bf16_dot_supported(device):
         where_ = "the Triton CPU interpreter" if INTERPRET else "this GPU (bf16 needs sm 8.0+)"
         warnings.warn(
-            f"bf16 is not supported by {where_}: flash_attention runs the kernels in fp32 and "
+            f"bf16 is not supported by {where_}: the kernels run in fp32 and "
             "casts the results back to bf16. Use float16 or float32 to silence this.",
             BF16FallbackWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return torch.float32
     return dtype
+
+
+def in_kernel_dtype(fn, q: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
+    """``fn(q, *tensors)`` in the dtype the kernels can run (see :func:`compute_dtype`), the
+    result cast back to q's dtype. ``.to()`` is differentiable: autograd casts the gradients
+    back for us."""
+    kernel_dtype = compute_dtype(q.dtype, q.device)
+    if kernel_dtype == q.dtype:
+        return fn(q, *tensors)
+    return fn(q.to(kernel_dtype), *(t.to(kernel_dtype) for t in tensors)).to(q.dtype)
 
 
 def stats_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -165,7 +186,7 @@ def _describe(t) -> str:
     return f"{type(t).__name__}"
 
 
-def check_qkv(q, k, v, *, allow_bf16_fallback: bool = False) -> None:
+def validate_qkv(q, k, v, *, allow_bf16_fallback: bool = False) -> None:
     """Raise TypeError / ValueError naming what was expected and what came."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -179,9 +200,11 @@ def check_qkv(q, k, v, *, allow_bf16_fallback: bool = False) -> None:
         raise TypeError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
     ok = supported_dtypes() + ((torch.bfloat16,) if allow_bf16_fallback else ())
     if q.dtype not in ok:
+        extra = (" (fp64 in the interpreter needs triton >= 3.5)"
+                 if INTERPRET and q.dtype == torch.float64 else "")
         raise TypeError(
             f"dtype {q.dtype} is not supported here ({'interpreter' if INTERPRET else 'GPU'}); "
-            f"expected one of {', '.join(str(d) for d in ok)}"
+            f"expected one of {', '.join(str(d) for d in ok)}{extra}"
         )
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got q {q.device}, k {k.device}, v {v.device}")
@@ -207,7 +230,7 @@ def check_qkv(q, k, v, *, allow_bf16_fallback: bool = False) -> None:
         raise ValueError(f"head dim D must be a multiple of 8 and at most 256, got D={D}")
 
 
-def check_scale(scale, head_dim: int) -> float:
+def validate_scale(scale, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)):
@@ -217,13 +240,13 @@ def check_scale(scale, head_dim: int) -> float:
     return float(scale)
 
 
-def check_causal(causal) -> bool:
+def validate_causal(causal) -> bool:
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {_describe(causal)}")
     return causal
 
 
-def check_grad_output(do, o) -> None:
+def validate_grad_output(do, o) -> None:
     if not isinstance(do, torch.Tensor):
         raise TypeError(f"dO must be a torch.Tensor, got {_describe(do)}")
     if do.shape != o.shape:
@@ -253,128 +276,3 @@ def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
     if _poison:
         return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
     return torch.empty(tuple(shape), dtype=dtype, device=device)
-
-
-# --------------------------------------------------------------------------------------
-# block sizes that fit the device's shared memory
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class KernelConfig:
-    """Tile sizes and launch options of one kernel launch."""
-
-    BLOCK_M: int  # query rows per tile
-    BLOCK_N: int  # key/value rows per tile
-    num_warps: int = 4
-    num_stages: int = 2
-
-    def launch_options(self) -> dict:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
-
-
-#: What the interpreter uses: block size barely matters for correctness there, and 32 keeps
-#: the number of Python-level steps small.
-INTERPRETER_CONFIG = KernelConfig(BLOCK_M=32, BLOCK_N=32, num_warps=1, num_stages=1)
-
-# Candidates per kernel, best first. The two-kernel backward anchor in the course design is
-# 64 x 64, 4 warps, 3 stages; the forward likes a taller Q tile.
-_GPU_CANDIDATES = {
-    "fwd": [KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 2),
-            KernelConfig(32, 32, 4, 1), KernelConfig(16, 16, 2, 1)],
-    "dq": [KernelConfig(64, 64, 4, 3), KernelConfig(64, 32, 4, 2), KernelConfig(32, 32, 4, 1),
-           KernelConfig(16, 16, 2, 1)],
-    "dkdv": [KernelConfig(64, 64, 4, 3), KernelConfig(32, 64, 4, 2), KernelConfig(32, 32, 4, 1),
-             KernelConfig(16, 16, 2, 1)],
-    "delta": [KernelConfig(64, 64, 4, 1)],
-}
-
-
-def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_bytes: int) -> int:
-    """Bytes of shared memory a launch needs, as Triton lays it out.
-
-    Calibrated on compiled kernels (``CompiledKernel.metadata.shared``, triton 3.6, H100): tiles
-    streamed through the loop are buffered ``num_stages`` deep, tiles held for the whole program
-    once; P and dS stay in registers as ``tl.dot`` operands; the dK/dV loop also buffers its
-    LSE and delta rows (fp32). 1 KB covers the reductions' scratch. The estimate is tight on
-    purpose: an over-estimate threw away the best H100 forward tile at D=128 (128 x 128, 3
-    stages: 224 of 227 KB). Where another GPU generation needs more, the launch fails with
-    OutOfResources, which ``launch`` below and the autotuner catch and step past: the estimate
-    only spares compiling configs that cannot fit.
-    """
-    M, N, D, st = cfg.BLOCK_M, cfg.BLOCK_N, block_d, max(cfg.num_stages, 1)
-    vectors = 0
-    if kernel == "fwd":  # holds Q; streams K, V
-        elems = M * D + st * 2 * N * D
-    elif kernel == "dq":  # holds Q, dO; streams K, V
-        elems = 2 * M * D + st * 2 * N * D
-    elif kernel == "dkdv":  # holds K, V; streams Q, dO and their LSE and delta rows
-        elems = 2 * N * D + st * 2 * M * D
-        vectors = (st - 1) * M * 2 * 4
-    elif kernel == "delta":
-        elems = 0
-    else:
-        raise ValueError(f"unknown kernel {kernel!r}")
-    return elems * elem_bytes + vectors + 1024
-
-
-def device_shared_memory(device: torch.device | None = None) -> int:
-    """Largest shared memory one program may use on this GPU (opt-in limit), in bytes."""
-    index = torch.cuda.current_device() if device is None or device.index is None else device.index
-    return _shared_memory_of(index)
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_memory_of(index: int) -> int:
-    try:
-        from triton.runtime import driver
-
-        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
-    except Exception:  # pragma: no cover - depends on the Triton build
-        return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
-
-
-@functools.lru_cache(maxsize=None)
-def fitting_configs(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[KernelConfig, ...]:
-    """The GPU candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
-    best first (the smallest candidate if none fits: let the compiler have the last word)."""
-    block_d = head_dim_block(head_dim)
-    fits = [c for c in _GPU_CANDIDATES[kernel]
-            if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
-    return tuple(fits or [_GPU_CANDIDATES[kernel][-1]])
-
-
-def candidate_configs(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
-                      config: KernelConfig | None = None) -> tuple[KernelConfig, ...]:
-    """Configs to try, best first: the user's if given, else those that fit this device."""
-    if config is not None:
-        return (config,)
-    if INTERPRET:
-        return (INTERPRETER_CONFIG,)
-    elem_bytes = dtype.itemsize
-    return fitting_configs(kernel, head_dim, elem_bytes, device_shared_memory(device))
-
-
-_chosen: dict = {}
-
-
-def launch(key: tuple, configs: Iterable[KernelConfig], run: Callable[[KernelConfig], None]) -> KernelConfig:
-    """Run ``run(cfg)`` with the first config that compiles within the device's resources.
-
-    The estimate above picks the candidates; if Triton still reports OutOfResources (the
-    estimate was optimistic for this compiler), the next, smaller config is tried and the
-    choice is remembered for ``key``.
-    """
-    from triton.runtime.errors import OutOfResources
-
-    configs = tuple(configs)
-    if key in _chosen and _chosen[key] in configs:
-        configs = configs[configs.index(_chosen[key]):]
-    last_error = None
-    for cfg in configs:
-        try:
-            run(cfg)
-        except OutOfResources as err:
-            last_error = err
-            continue
-        _chosen[key] = cfg
-        return cfg
-    raise RuntimeError(f"no kernel config fits this device's resources (last error: {last_error})")

@@ -134,32 +134,37 @@ def sdpa(q, k, v, *, causal: bool = False, scale: Optional[float] = None) -> tor
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
-def _grads(fn, q, k, v, do):
+def grads(fn, q, k, v, do):
+    """``(out, (dq, dk, dv))`` of ``fn(q, k, v)`` for the output gradient ``do``, on fresh
+    leaves (q, k, v themselves are not touched)."""
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     out = fn(*leaves)
-    grads = torch.autograd.grad(out, leaves, do)
-    return out.detach(), grads
+    return out.detach(), torch.autograd.grad(out, leaves, do)
 
 
-def check_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
-                    do: Optional[torch.Tensor] = None, against: str = "float64",
-                    show: bool = True) -> Report:
+def sdpa_grads(q, k, v, do, *, causal: bool = False, scale: Optional[float] = None):
+    """``(out, (dq, dk, dv))`` of PyTorch's SDPA (GQA handled by :func:`sdpa`)."""
+    return grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale), q, k, v, do)
+
+
+def verify_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
+                     do: Optional[torch.Tensor] = None, against: str = "float64",
+                     show: bool = True) -> Report:
     """Run ``flash_attention`` forward and backward and compare O, dQ, dK, dV (and LSE when
     ``against="float64"``) with SDPA (``against="sdpa"``, same dtype) or with the float64
     reference. Prints the table when ``show``; returns the :class:`Report`."""
-    from .autograd import flash_attention
+    from .api import flash_attention
     from .forward import attention_forward
 
     if against not in ("float64", "sdpa"):
         raise ValueError(f"against must be 'float64' or 'sdpa', got {against!r}")
     if do is None:
         do = torch.randn_like(q)
-    out, (dq, dk, dv) = _grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, scale=scale),
-                               q, k, v, do)
+    out, (dq, dk, dv) = grads(lambda a, b, c: flash_attention(a, b, c, causal=causal, scale=scale),
+                              q, k, v, do)
     kernel_dtype = runtime.compute_dtype(q.dtype, q.device)
     if against == "sdpa":
-        ref_out, (rq, rk, rv) = _grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale),
-                                       q, k, v, do)
+        ref_out, (rq, rk, rv) = sdpa_grads(q, k, v, do, causal=causal, scale=scale)
         title = f"flashattn vs SDPA ({q.dtype}, causal={causal})"
         ref_lse = None
     else:
@@ -180,3 +185,8 @@ def check_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = N
     if show:
         print(report)
     return report
+
+
+def check_attention(*args, **kwargs) -> Report:
+    """Old name of :func:`verify_attention`, kept for old code."""
+    return verify_attention(*args, **kwargs)

@@ -1,15 +1,14 @@
-"""flashattn.fast: the tuned kernels (exp2, split causal loops, autotuning, fused backward).
+"""flashattn.fast: the tuned kernels (exp2, split causal loops, autotuning, a fused backward
+to compare with).
 
-The teaching kernels in ``flashattn.forward`` / ``flashattn.backward`` stay simple; this is what
+The lesson kernels in ``flashattn.forward`` / ``flashattn.backward`` stay simple; this is what
 ``flash_attention`` uses on a GPU for fp16/bf16 and power-of-two head dims. Both pass the same
 correctness suite.
 """
 from .autograd import (BACKWARDS, HEAD_DIMS, FastFlashAttentionFunction, flash_attention_fast,
-                       supports)
+                       precompile, supports)
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
-from .fused import fused_attention_backward
 
-__all__ = ["flash_attention_fast", "FastFlashAttentionFunction", "supports",
-           "fast_attention_forward", "fast_attention_backward", "fused_attention_backward",
-           "HEAD_DIMS", "BACKWARDS"]
+__all__ = ["flash_attention_fast", "FastFlashAttentionFunction", "supports", "precompile",
+           "fast_attention_forward", "fast_attention_backward", "HEAD_DIMS", "BACKWARDS"]

@@ -21,19 +21,18 @@ import torch
 from .. import runtime
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
-from .fused import fused_attention_backward
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 BACKWARDS = ("two-kernel", "fused")
 
 
-def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, str]:
-    """(True, "") if the fast kernels take these inputs, else (False, why not)."""
+def supports(dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
+    """(True, "") if the fast kernels take inputs of this dtype and head dim, else (False, why)."""
     dtypes = (torch.float16, torch.float32) if runtime.INTERPRET else (torch.float16, torch.bfloat16)
-    if q.dtype not in dtypes:
-        return False, f"the fast path takes {' and '.join(map(str, dtypes))}, got {q.dtype}"
-    if q.shape[-1] not in HEAD_DIMS:
-        return False, f"the fast path takes head dims {HEAD_DIMS}, got {q.shape[-1]}"
+    if dtype not in dtypes:
+        return False, f"the fast path takes {' and '.join(map(str, dtypes))}, got {dtype}"
+    if head_dim not in HEAD_DIMS:
+        return False, f"the fast path takes head dims {HEAD_DIMS}, got {head_dim}"
     return True, ""
 
 
@@ -49,11 +48,9 @@ class FastFlashAttentionFunction(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-        if ctx.backward == "fused" and needs_q and (needs_k or needs_v):
-            dq, dk, dv = fused_attention_backward(q, k, v, o, do, lse, ctx.causal, ctx.scale)
-        else:
-            dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, ctx.causal, ctx.scale,
-                                                 needs_dq=needs_q, needs_dkdv=needs_k or needs_v)
+        dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, ctx.causal, ctx.scale,
+                                             needs_dq=needs_q, needs_dkdv=needs_k or needs_v,
+                                             fused=ctx.backward == "fused")
         return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
                 None, None, None)
 
@@ -61,10 +58,10 @@ class FastFlashAttentionFunction(torch.autograd.Function):
 def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
                          backward: str = "two-kernel") -> torch.Tensor:
     """The tuned kernels only (raises ValueError where they do not apply)."""
-    runtime.check_qkv(q, k, v)
-    causal = runtime.check_causal(causal)
-    scale = runtime.check_scale(scale, q.shape[-1])
-    ok, why = supports(q, k, v)
+    runtime.validate_qkv(q, k, v)
+    causal = runtime.validate_causal(causal)
+    scale = runtime.validate_scale(scale, q.shape[-1])
+    ok, why = supports(q.dtype, q.shape[-1])
     if not ok:
         raise ValueError(why)
     if backward not in BACKWARDS:
@@ -73,3 +70,29 @@ def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float
         raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
                            "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
     return FastFlashAttentionFunction.apply(q, k, v, causal, scale, backward)
+
+
+def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
+    """Compile every fast kernel variant for these dtypes / head dims / causal flags in
+    parallel threads (Triton's AsyncCompileMode), before any timing. Returns seconds spent.
+    Without it, the autotuner compiles its candidates one after another on first use."""
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import triton
+
+    if runtime.INTERPRET:
+        return 0.0
+    t0 = time.perf_counter()
+    with triton.AsyncCompileMode(ThreadPoolExecutor(workers or os.cpu_count() or 4)):
+        for dtype in dtypes:
+            for D in head_dims:
+                q, k, v, o, do = (torch.empty(1, 2, 128, D, dtype=dtype, device="cuda") for _ in range(5))
+                lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
+                for causal in causals:
+                    fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True)
+                    for fused in (False, True):
+                        fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5,
+                                                fused=fused, warmup=True)
+    return time.perf_counter() - t0

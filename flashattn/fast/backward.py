@@ -1,10 +1,18 @@
-"""Tuned two-kernel backward (dQ kernel + dK/dV kernel), fp16/bf16 on a GPU.
+"""Tuned backward, fp16/bf16 on a GPU: a dQ kernel and a dK/dV kernel, each with its launcher.
 
 The same design as ``flashattn/backward.py`` (each output block owned by one program, no
 atomics), with the fast forward's tricks: exp2 with log2(e) folded into the scale and into
 LSE, loops split into unmasked tiles and the few masked ones on the causal diagonal, padded
 query rows neutralised by loading their LSE as +inf (so P = exp2(S - inf) = 0 with no mask),
-and autotuned tiles. The delta preprocess is the teaching one: it is a single memory-bound pass.
+and autotuned tiles. The delta preprocess is the lesson's: a single memory-bound pass.
+
+``FUSED_DQ`` turns the dK/dV kernel into the *fused* backward: while a program walks down the
+query blocks for its key block it also forms that tile's share of dQ, dS K, and adds it into
+an fp32 buffer with ``tl.atomic_add`` (many programs touch the same dQ rows). P and dS are then
+computed once instead of twice, at the price of BLOCK_M x D atomic adds per tile and an order
+of additions that changes from run to run (dQ is not bit-reproducible). Measured on an H100
+(``python -m flashattn.bench``), two kernels win or tie everywhere, so the fused form is there
+to compare with (``backward="fused"``), refused under ``torch.use_deterministic_algorithms``.
 """
 from __future__ import annotations
 
@@ -15,6 +23,7 @@ import triton.language as tl
 from .. import runtime
 from ..backward import attention_backward_delta
 from . import tuning
+from .tuning import LOG2E
 
 
 # --------------------------------------------------------------------------------------
@@ -78,10 +87,10 @@ def fast_dq_kernel(
     do = tl.load(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d,
                  mask=row_ok[:, None], other=0.0)
     lse_ptrs = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h + offs_m
-    lse2 = tl.load(lse_ptrs, mask=row_ok, other=float("inf")) * 1.4426950408889634   # log2 units
+    lse2 = tl.load(lse_ptrs, mask=row_ok, other=float("inf")) * LOG2E   # log2 units
     delta_ptrs = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h + offs_m
     delta = tl.load(delta_ptrs, mask=row_ok, other=0.0)
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     if CAUSAL:
@@ -105,10 +114,10 @@ def fast_dq_kernel(
 # dK, dV: one program per block of key/value rows (a K/V head: all its GQA query heads)
 # --------------------------------------------------------------------------------------
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                stride_q_s, stride_q_d, stride_do_s, stride_do_d,
-                offs_n, offs_d, lo, hi, S_q, qk_scale,
-                MASKED: tl.constexpr, BLOCK_M: tl.constexpr):
+def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                offs_n, offs_d, lo, hi, S_q, qk_scale, scale,
+                MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
@@ -117,21 +126,25 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
         do = tl.load(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d,
                      mask=row_ok[:, None], other=0.0)
         # padded rows: LSE = +inf makes their P exactly 0, no mask needed
-        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         pT = tl.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
         if MASKED:
             pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
         dv += tl.dot(pT.to(do.dtype), do)
         dpT = tl.dot(v, tl.trans(do))
-        dsT = pT * (dpT - delta[None, :])
-        dk += tl.dot(dsT.to(q.dtype), q)
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk += tl.dot(dsT, q)
+        if FUSED_DQ:   # this tile's share of dQ = dS K * scale, added into the fp32 buffer
+            dq_part = tl.dot(tl.trans(dsT), k) * scale
+            tl.atomic_add(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], dq_part,
+                          mask=row_ok[:, None], sem="relaxed")
     return dk, dv
 
 
 @triton.jit
 def fast_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
     stride_q_b, stride_q_h, stride_q_s, stride_q_d,
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
@@ -139,8 +152,9 @@ def fast_dkdv_kernel(
     stride_lse_b, stride_lse_h, stride_delta_b, stride_delta_h,
     stride_dk_b, stride_dk_h, stride_dk_s,
     stride_dv_b, stride_dv_h, stride_dv_s,
+    stride_dq_b, stride_dq_h, stride_dq_s,
     H_KV, GROUP_SIZE, S_q, S_k, scale, S_BUCKET,
-    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -155,7 +169,7 @@ def fast_dkdv_kernel(
     v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
     k = tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d, mask=col_ok[:, None], other=0.0)
     v = tl.load(v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d, mask=col_ok[:, None], other=0.0)
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * LOG2E
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
@@ -165,19 +179,22 @@ def fast_dkdv_kernel(
         do_base = DO + b.to(tl.int64) * stride_do_b + h.to(tl.int64) * stride_do_h
         lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
         delta_base = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h
+        dq_base = DQ_ACC + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h
         if CAUSAL:
             # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
             # every later row sees the whole key block.
             diag_end = tl.minimum(start_n + BLOCK_N, S_q)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d,
-                                 offs_n, offs_d, start_n, diag_end, S_q, qk_scale, True, BLOCK_M)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                                 offs_n, offs_d, start_n, diag_end, S_q, qk_scale, scale,
+                                 True, FUSED_DQ, BLOCK_M)
             first_free = start_n + BLOCK_N
         else:
             first_free = 0
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base,
-                             stride_q_s, stride_q_d, stride_do_s, stride_do_d,
-                             offs_n, offs_d, first_free, S_q, S_q, qk_scale, False, BLOCK_M)
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                             stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                             offs_n, offs_d, first_free, S_q, S_q, qk_scale, scale,
+                             False, FUSED_DQ, BLOCK_M)
 
     dk_base = DK + b.to(tl.int64) * stride_dk_b + h_kv.to(tl.int64) * stride_dk_h
     dv_base = DV + b.to(tl.int64) * stride_dv_b + h_kv.to(tl.int64) * stride_dv_h
@@ -189,21 +206,24 @@ def fast_dkdv_kernel(
 
 _tuned_dq = tuning.autotuned(fast_dq_kernel, "dq")
 _tuned_dkdv = tuning.autotuned(fast_dkdv_kernel, "dkdv")
+_tuned_fused = tuning.autotuned(fast_dkdv_kernel, "fused", reset_to_zero=["DQ_ACC"])
 
 
 def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
-                            needs_dq: bool = True, needs_dkdv: bool = True, *, config=None,
-                            warmup: bool = False):
-    """(dq, dk, dv) by the tuned two-kernel backward; None for what was not asked for.
-    ``warmup=True`` only compiles the kernels (see ``tuning.precompile``)."""
+                            needs_dq: bool = True, needs_dkdv: bool = True, *, fused: bool = False,
+                            config=None, warmup: bool = False):
+    """(dq, dk, dv) by the tuned backward; None for what was not asked for. Two kernels by
+    default; ``fused=True``: one dK/dV kernel that also adds dQ with atomics (see the module's
+    docstring). ``warmup=True`` only compiles the kernels (see ``fast.precompile``)."""
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     delta = torch.empty_like(lse) if warmup else attention_backward_delta(o, do)
     S_BUCKET = tuning.bucket(S_q, S_k)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
               lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1))
+    fused = fused and needs_dq and needs_dkdv
     dq = dk = dv = None
-    if needs_dq:
+    if needs_dq and not fused:
         dq = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
         kernel, meta = tuning.pick(_tuned_dq, fast_dq_kernel, config, "dq")
         grid = lambda m: (triton.cdiv(S_q, m["BLOCK_M"]), B * H)  # noqa: E731
@@ -213,9 +233,16 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     if needs_dkdv:
         dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)
         dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
-        kernel, meta = tuning.pick(_tuned_dkdv, fast_dkdv_kernel, config, "dkdv")
+        # fused: atomics add into an fp32 buffer; otherwise the argument is a placeholder
+        dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device) if fused else dk
+        name = "fused" if fused else "dkdv"
+        kernel, meta = tuning.pick(_tuned_fused if fused else _tuned_dkdv, fast_dkdv_kernel, config, name)
         grid = lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv)  # noqa: E731
-        args = (q, k, v, do, lse, delta, dk, dv, *common, dk.stride(0), dk.stride(1), dk.stride(2),
-                dv.stride(0), dv.stride(1), dv.stride(2), H_kv, H // H_kv, S_q, S_k, scale, S_BUCKET)
-        tuning.launch(kernel, grid, args, dict(CAUSAL=causal, HEAD_DIM=D, **meta), warmup)
+        args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common,
+                dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
+                dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
+                H_kv, H // H_kv, S_q, S_k, scale, S_BUCKET)
+        tuning.launch(kernel, grid, args, dict(CAUSAL=causal, FUSED_DQ=fused, HEAD_DIM=D, **meta), warmup)
+        if fused:
+            dq = dq_acc.to(q.dtype)
     return dq, dk, dv

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from .. import runtime
 from . import tuning
+from .tuning import LN2, LOG2E
 
 
 @triton.jit
@@ -82,7 +83,7 @@ def fast_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    qk_scale = scale * 1.4426950408889634                 # scale * log2(e)
+    qk_scale = scale * LOG2E                              # scale * log2(e)
 
     # Keys every row of this tile sees: all of them, or (causal) those before the tile's first row.
     if CAUSAL:
@@ -98,7 +99,7 @@ def fast_fwd_kernel(
                                offs_m, offs_d, unmasked_end, masked_end, S_k, qk_scale, True, CAUSAL, BLOCK_N)
 
     o = acc / l_i[:, None]
-    lse = (m_i + tl.log2(l_i)) * 0.6931471805599453        # back to natural log: LSE = m + ln(l)
+    lse = (m_i + tl.log2(l_i)) * LN2                      # back to natural log: LSE = m + ln(l)
     o_base = O + b.to(tl.int64) * stride_o_b + h.to(tl.int64) * stride_o_h
     tl.store(o_base + offs_m[:, None] * stride_o_s + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=(offs_m < S_q)[:, None])

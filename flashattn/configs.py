@@ -1,0 +1,211 @@
+"""Tiles and launch options: one policy for every kernel of the package.
+
+A kernel launch needs a tile shape (``BLOCK_M`` query rows by ``BLOCK_N`` key rows), a number
+of warps and a software-pipelining depth (``num_stages``). This module holds, for every
+kernel (the lesson kernels, the fast ones, lazy attention's):
+
+* the candidate configs, best first (``CANDIDATES``);
+* how much shared memory each needs (``shared_memory_estimate``) and how much the GPU has
+  (``device_shared_memory``, which ``FLASHATTN_MAX_SHARED_MEMORY`` can cap: set it to 65536
+  to make the package pick tiles as for a 64 KB GPU such as Colab's T4);
+* the candidates that fit (``candidates``), and a launch that steps down to the next one when
+  the compiler still runs out of resources (``launch``).
+
+One config type, :class:`KernelConfig`; the fast kernels' autotuner gets the same configs as
+``triton.Config`` objects (:meth:`KernelConfig.to_triton`).
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from . import runtime
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch options of one kernel launch."""
+
+    BLOCK_M: int  # query rows per tile
+    BLOCK_N: int  # key/value rows per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def launch_options(self) -> dict:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def to_triton(self):
+        import triton
+
+        return triton.Config({"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N},
+                             num_warps=self.num_warps, num_stages=self.num_stages)
+
+    @classmethod
+    def from_triton(cls, config) -> "KernelConfig":
+        return cls(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps,
+                   config.num_stages)
+
+
+def _c(m, n, w, s) -> KernelConfig:
+    return KernelConfig(m, n, w, s)
+
+
+#: What the interpreter uses: block size barely matters for correctness there, and 32 keeps
+#: the number of Python-level steps small.
+INTERPRETER_CONFIG = _c(32, 32, 1, 1)
+
+#: The fast kernels in the interpreter (CPU tests): small unequal tiles, so that the causal
+#: diagonal logic is exercised, with the divisibility each backward kernel needs.
+INTERPRETER_FAST_CONFIGS = {"fast_fwd": _c(32, 16, 1, 1), "fast_dq": _c(32, 16, 1, 1),
+                            "fast_dkdv": _c(16, 32, 1, 1)}
+
+# Candidates per kernel, best first. The last of each list is small enough for D = 256 or a
+# 64 KB-shared-memory GPU.
+CANDIDATES: dict[str, list[KernelConfig]] = {
+    # the lesson kernels: the two-kernel backward anchor of the course is 64 x 64, 4 warps,
+    # 3 stages; the forward likes a taller Q tile
+    "fwd": [_c(128, 64, 8, 3), _c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "dq": [_c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "delta": [_c(64, 64, 4, 1)],
+    # the fast kernels (an exhaustive H100 sweep picked these; notebook 06). The backward
+    # kernels need the inner tile to divide the outer one (dq: BLOCK_N | BLOCK_M; dkdv:
+    # BLOCK_M | BLOCK_N) so that the causal diagonal falls on whole inner tiles.
+    "fast_fwd": [_c(128, 64, 4, 3), _c(128, 64, 8, 3), _c(128, 128, 8, 3), _c(128, 128, 8, 2),
+                 _c(64, 64, 4, 3), _c(64, 32, 4, 2)],
+    "fast_dq": [_c(128, 64, 8, 3), _c(128, 64, 8, 2), _c(128, 32, 4, 3), _c(64, 64, 4, 3),
+                _c(128, 64, 4, 3), _c(64, 32, 4, 1)],
+    "fast_dkdv": [_c(64, 128, 8, 2), _c(32, 128, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 3),
+                  _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(32, 64, 4, 1)],
+    # lazy attention (its dQ kernel sums dBias along the diagonals of square tiles)
+    "lazy_fwd": [_c(128, 64, 8, 3), _c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "lazy_pre": [_c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "lazy_dq": [_c(64, 64, 4, 3), _c(32, 32, 4, 2), _c(16, 16, 2, 1)],
+    "lazy_dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+}
+
+#: What each kernel keeps in shared memory looks like one of three layouts (see below).
+LAYOUT = {"fwd": "fwd", "dq": "dq", "dkdv": "dkdv", "delta": "delta",
+          "fast_fwd": "fwd", "fast_dq": "dq", "fast_dkdv": "dkdv",
+          "lazy_fwd": "fwd", "lazy_pre": "dq", "lazy_dq": "dq", "lazy_dkdv": "dkdv"}
+
+
+def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_bytes: int) -> int:
+    """Bytes of shared memory a launch of ``kernel`` (a key of ``LAYOUT``) needs.
+
+    Calibrated on compiled kernels (``CompiledKernel.metadata.shared``, triton 3.6, H100): tiles
+    streamed through the loop are buffered ``num_stages`` deep, tiles held for the whole program
+    once; P and dS stay in registers as ``tl.dot`` operands; the dK/dV loop also buffers its
+    LSE and delta rows (fp32). 1 KB covers the reductions' scratch. The estimate is tight on
+    purpose: an over-estimate threw away the best H100 forward tile at D=128 (128 x 128, 3
+    stages: 224 of 227 KB). Where another GPU generation needs more, the launch fails with
+    OutOfResources, which :func:`launch` and the autotuner catch and step past: the estimate
+    only spares compiling configs that cannot fit.
+    """
+    layout = LAYOUT.get(kernel, kernel)
+    M, N, D, st = cfg.BLOCK_M, cfg.BLOCK_N, block_d, max(cfg.num_stages, 1)
+    vectors = 0
+    if layout == "fwd":  # holds Q; streams K, V
+        elems = M * D + st * 2 * N * D
+    elif layout == "dq":  # holds Q, dO; streams K, V
+        elems = 2 * M * D + st * 2 * N * D
+    elif layout == "dkdv":  # holds K, V; streams Q, dO and their LSE and delta rows
+        elems = 2 * N * D + st * 2 * M * D
+        vectors = (st - 1) * M * 2 * 4
+    elif layout == "delta":
+        elems = 0
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}; expected one of {sorted(LAYOUT)}")
+    return elems * elem_bytes + vectors + 1024
+
+
+#: Environment variable capping the shared memory the config policy believes in (bytes).
+SHARED_MEMORY_ENV = "FLASHATTN_MAX_SHARED_MEMORY"
+
+
+def shared_memory_cap() -> Optional[int]:
+    """The cap set by ``FLASHATTN_MAX_SHARED_MEMORY`` (bytes; ``64K`` and ``65536`` both work),
+    or None."""
+    raw = os.environ.get(SHARED_MEMORY_ENV, "").strip()
+    if not raw:
+        return None
+    scale = 1024 if raw[-1] in "kK" else 1
+    try:
+        value = int(raw[:-1] if scale == 1024 else raw) * scale
+    except ValueError:
+        raise ValueError(f"{SHARED_MEMORY_ENV} must be a number of bytes such as 65536 or 64K, "
+                         f"got {raw!r}") from None
+    if value < 16 * 1024:
+        raise ValueError(f"{SHARED_MEMORY_ENV}={raw} is below 16 KB, the smallest tile's need")
+    return value
+
+
+def device_shared_memory(device: Optional[torch.device] = None) -> int:
+    """Largest shared memory one program may use on this GPU (opt-in limit), in bytes, or the
+    ``FLASHATTN_MAX_SHARED_MEMORY`` cap if that is lower."""
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    limit = _shared_memory_of(index)
+    cap = shared_memory_cap()
+    return limit if cap is None else min(limit, cap)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_of(index: int) -> int:
+    try:
+        from triton.runtime import driver
+
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # pragma: no cover - depends on the Triton build
+        return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
+
+
+@functools.lru_cache(maxsize=None)
+def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[KernelConfig, ...]:
+    """The candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
+    best first (the smallest candidate if none fits: let the compiler have the last word)."""
+    block_d = runtime.head_dim_block(head_dim)
+    cands = CANDIDATES[kernel]
+    fits = [c for c in cands if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
+    return tuple(fits or cands[-1:])
+
+
+def candidates(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
+               config: Optional[KernelConfig] = None) -> tuple[KernelConfig, ...]:
+    """Configs to try, best first: the user's if given, the interpreter's small one on the CPU,
+    else those that fit this device's shared memory."""
+    if config is not None:
+        return (config,)
+    if runtime.INTERPRET:
+        return (INTERPRETER_FAST_CONFIGS.get(kernel, INTERPRETER_CONFIG),)
+    return fitting(kernel, head_dim, dtype.itemsize, device_shared_memory(device))
+
+
+_chosen: dict = {}
+
+
+def launch(key: tuple, configs: Iterable[KernelConfig], run: Callable[[KernelConfig], None]) -> KernelConfig:
+    """Run ``run(cfg)`` with the first config that compiles within the device's resources.
+
+    The estimate above picks the candidates; if Triton still reports OutOfResources (the
+    estimate was optimistic for this compiler), the next, smaller config is tried and the
+    choice is remembered for ``key``.
+    """
+    from triton.runtime.errors import OutOfResources
+
+    configs = tuple(configs)
+    if key in _chosen and _chosen[key] in configs:
+        configs = configs[configs.index(_chosen[key]):]
+    last_error = None
+    for cfg in configs:
+        try:
+            run(cfg)
+        except OutOfResources as err:
+            last_error = err
+            continue
+        _chosen[key] = cfg
+        return cfg
+    raise RuntimeError(f"no kernel config fits this device's resources (last error: {last_error})")

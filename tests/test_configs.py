@@ -1,0 +1,93 @@
+"""Tile policy: configs that fit shared memory, the FLASHATTN_MAX_SHARED_MEMORY cap, step-down."""
+import pytest
+import torch
+
+from flashattn import KernelConfig, configs, runtime
+from flashattn.fast import tuning
+
+from conftest import ON_GPU
+
+KERNELS = [k for k in configs.CANDIDATES]
+
+
+@pytest.mark.parametrize("limit", [48 * 1024, 64 * 1024, 99 * 1024, 227 * 1024], ids=lambda b: f"{b // 1024}KB")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_configs_fit_shared_memory(kernel, head_dim, limit):
+    """A T4 has 64 KB per block, an A100 164 KB, an H100 227 KB: the chosen configs fit (or, if
+    none does, the smallest candidate is left for the compiler to judge)."""
+    chosen = configs.fitting(kernel, head_dim, 2, limit)
+    fits = [c for c in chosen
+            if configs.shared_memory_estimate(kernel, c, runtime.head_dim_block(head_dim), 2) <= limit]
+    assert fits == list(chosen) or chosen == (configs.CANDIDATES[kernel][-1],)
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv", "fast_fwd", "fast_dq", "fast_dkdv"])
+def test_64KB_gets_a_config_that_fits_up_to_D128(kernel):
+    for head_dim in (64, 128):
+        cfg = configs.fitting(kernel, head_dim, 2, 64 * 1024)[0]
+        assert configs.shared_memory_estimate(kernel, cfg, head_dim, 2) <= 64 * 1024
+
+
+def test_bigger_device_gets_bigger_tiles():
+    small = configs.fitting("fwd", 128, 2, 64 * 1024)[0]
+    large = configs.fitting("fwd", 128, 2, 227 * 1024)[0]
+    assert large.BLOCK_M * large.BLOCK_N > small.BLOCK_M * small.BLOCK_N
+
+
+@pytest.mark.parametrize("raw, value", [("65536", 65536), ("64K", 65536), ("100k", 102400), ("", None)])
+def test_shared_memory_cap_from_the_environment(monkeypatch, raw, value):
+    monkeypatch.setenv(configs.SHARED_MEMORY_ENV, raw)
+    assert configs.shared_memory_cap() == value
+
+
+@pytest.mark.parametrize("raw", ["lots", "1K", "-5"])
+def test_bad_shared_memory_cap_is_refused(monkeypatch, raw):
+    monkeypatch.setenv(configs.SHARED_MEMORY_ENV, raw)
+    with pytest.raises(ValueError, match=configs.SHARED_MEMORY_ENV):
+        configs.shared_memory_cap()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="reads the GPU's shared memory (CPU: the interpreter has no limit)")
+def test_cap_lowers_the_device_limit(monkeypatch):
+    real = configs.device_shared_memory()
+    monkeypatch.setenv(configs.SHARED_MEMORY_ENV, "64K")
+    assert configs.device_shared_memory() == min(real, 65536)
+
+
+def test_fast_candidates_respect_the_divisibility_the_kernels_need():
+    for c in configs.CANDIDATES["fast_dq"]:
+        assert c.BLOCK_M % c.BLOCK_N == 0, c
+    for c in configs.CANDIDATES["fast_dkdv"]:
+        assert c.BLOCK_N % c.BLOCK_M == 0, c
+    with pytest.raises(ValueError, match="divide"):
+        tuning.pick(None, None, KernelConfig(64, 32), "dkdv")
+
+
+def test_kernel_config_round_trips_through_triton():
+    cfg = KernelConfig(128, 64, 8, 3)
+    assert KernelConfig.from_triton(cfg.to_triton()) == cfg
+
+
+def test_launch_steps_down_on_out_of_resources():
+    from triton.runtime.errors import OutOfResources
+
+    tried = []
+
+    def run(cfg):
+        tried.append(cfg)
+        if cfg.BLOCK_M > 32:
+            raise OutOfResources(300000, 65536, "shared memory")
+
+    candidates = [KernelConfig(128, 64), KernelConfig(64, 64), KernelConfig(32, 32)]
+    chosen = configs.launch(("test-key",), candidates, run)
+    assert chosen == KernelConfig(32, 32) and len(tried) == 3
+    tried.clear()
+    configs.launch(("test-key",), candidates, run)  # remembered: no retries the second time
+    assert tried == [KernelConfig(32, 32)]
+
+
+def test_interpreter_uses_small_fixed_tiles():
+    if not runtime.INTERPRET:
+        pytest.skip("the GPU picks from the candidates")
+    assert configs.candidates("dq", 64, torch.float32, torch.device("cpu")) == (configs.INTERPRETER_CONFIG,)
