@@ -157,8 +157,6 @@ ABLATION_STEPS = [
 
 def _ablation_variant(step: str, q, k, v, do, causal, scale):
     """(forward thunk, backward thunk) for one ablation step."""
-    from contextlib import ExitStack
-
     from . import backward as teaching_bwd
     from . import planted
     from .fast import backward as fast_bwd
@@ -174,20 +172,15 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
                 lambda: teaching_bwd.attention_backward(q, k, v, o, do, lse, causal, scale, config=cfg))
     o, lse = fast_fwd.fast_attention_forward(q, k, v, causal, scale)
     if step in ("fast-masked", "fast-fixed"):
+        masked = step == "fast-masked"      # the causal loop split undone (planted.CATALOG)
+
         def fwd():
-            with ExitStack() as stack:
-                if step == "fast-masked":  # the unmasked stage made masked: the split undone
-                    edit = [planted.Edit("0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")]
-                    stack.enter_context(planted.planted_bug(fast_fwd, "fast_fwd_kernel", edit))
+            with planted.plant(*(["fast.fwd.every_tile_masked"] if masked else [])):
                 return fast_fwd.fast_attention_forward(q, k, v, causal, scale, config=fixed["fwd"])
 
         def bwd():
-            with ExitStack() as stack:
-                if step == "fast-masked":
-                    stack.enter_context(planted.planted_bug(fast_bwd, "fast_dq_kernel", [planted.Edit(
-                        "0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")]))
-                    stack.enter_context(planted.planted_bug(fast_bwd, "fast_dkdv_kernel", [planted.Edit(
-                        "first_free, S_q, S_q, qk_scale, False", "first_free, S_q, S_q, qk_scale, True")]))
+            names = ["fast.dq.every_tile_masked", "fast.dkdv.every_tile_masked"] if masked else []
+            with planted.plant(*names):
                 return fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, config=fixed["bwd"])
 
         return fwd, bwd

@@ -1,15 +1,17 @@
-"""Plant a bug in a real kernel by editing one line of its source.
+"""Plant a bug in a real kernel by editing one line of its source; the catalog of them all.
 
-The lessons and the bug-hunt lab show what classic mistakes look like (a causal mask in the
-wrong place, dO offset with Q's head stride, ...). Rather than keeping hand-made copies of the
-kernels that would drift away from the real ones, a buggy variant is made *from* the real
-kernel: take its source, replace one exact piece of text, compile the result as a new kernel.
-If the real kernel changes so that the text is no longer there, this fails loudly.
+The lessons, the bug-hunt lab, the checkers' tests and the benchmark's ablation show what a
+change to a kernel does (a causal mask in the wrong place, dO offset with Q's head stride, the
+causal loop split undone, ...). Rather than keeping hand-made copies of the kernels that would
+drift away from the real ones, a variant is made *from* the real kernel: take its source,
+replace exact pieces of text, compile the result as a new kernel. If the real kernel changes
+so that the text is no longer there, this fails loudly -- and ``CATALOG`` below is the one list
+of every such edit, with who uses it, so rewording a kernel line shows at once (in
+``tests/test_planted.py``) which lessons depend on it.
 
-    from flashattn import backward, planted
-    edit = planted.Edit("h.to(tl.int64) * stride_do_h", "h.to(tl.int64) * stride_q_h")
-    print(planted.diff(backward.attn_bwd_dq_kernel, [edit]))
-    with planted.planted_bug(backward, "attn_bwd_dq_kernel", [edit]):
+    from flashattn import planted
+    print(planted.diff("dq.do_head_stride"))        # the real line against the planted one
+    with planted.plant("dq.do_head_stride"):
         dq = flashattn.attention_backward_dq(...)   # the launcher now runs the buggy copy
 """
 from __future__ import annotations
@@ -55,8 +57,12 @@ def apply_edits(source: str, edits: Sequence[Edit], name: str = "kernel") -> str
     return source
 
 
-def diff(kernel, edits: Sequence[Edit]) -> str:
-    """A unified diff between the real kernel and the planted one."""
+def diff(kernel, edits: Sequence[Edit] = ()) -> str:
+    """A unified diff between the real kernel and the planted one. ``kernel`` may also be the
+    name of a catalog entry (then ``edits`` are the entry's)."""
+    if isinstance(kernel, str):
+        entry = CATALOG[kernel]
+        kernel, edits = entry.kernel(), entry.edits
     name = getattr(getattr(kernel, "fn", kernel), "__name__", "kernel")
     before = kernel_source(kernel)
     after = apply_edits(before, edits, name)
@@ -104,3 +110,146 @@ def planted_bug(module: ModuleType, kernel_name: str, edits: Iterable[Edit]):
         yield
     finally:
         setattr(module, kernel_name, real)
+
+
+# --------------------------------------------------------------------------------------
+# the catalog: every named edit, the kernel it applies to, and who uses it
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Planted:
+    """A named set of edits of one kernel."""
+
+    name: str
+    module: str                 # where the kernel and its launcher live
+    kernel_name: str
+    edits: tuple
+    what: str                   # the mistake (or the ablation), in words
+    used_by: tuple = ()
+
+    def kernel(self):
+        return getattr(importlib.import_module(self.module), self.kernel_name)
+
+
+_DQ = ("flashattn.backward", "attn_bwd_dq_kernel")
+_DKDV = ("flashattn.backward", "attn_bwd_dkdv_kernel")
+DO_WITH_Q_HEAD_STRIDE = Edit("h.to(tl.int64) * stride_do_h", "h.to(tl.int64) * stride_q_h")
+_TESTS = "tests/test_check_kernels.py"
+
+
+def _p(name, where, edits, what, *used_by) -> Planted:
+    return Planted(name, where[0], where[1], tuple(edits), what, used_by)
+
+
+def _rows_unmasked(tensor: str) -> Edit:
+    """Drop the query-row mask from the load of ``tensor`` (q or do) in the dK/dV kernel."""
+    load = f"{tensor} = tl.load({tensor}_base + offs_m[:, None] * stride_{tensor}_s + offs_d[None, :] * stride_{tensor}_d,"
+    return Edit(load + "\n                        mask=row_ok[:, None] & d_ok[None, :], other=0.0)"
+                if tensor == "q" else
+                load + "\n                         mask=row_ok[:, None] & d_ok[None, :], other=0.0)",
+                load + ("\n                        " if tensor == "q" else "\n                         ")
+                + "mask=d_ok[None, :], other=0.0)")
+
+
+_ENTRIES = [
+    # ---- the lesson's dQ kernel -------------------------------------------------------
+    _p("dq.count_trips", _DQ, [Edit("dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)", "dq += 1.0")],
+       "count the tiles a program visits instead of computing (lesson 03's figure check)", "notebooks/03"),
+    _p("dq.do_head_stride", _DQ, [DO_WITH_Q_HEAD_STRIDE], "dO offset with Q's head stride",
+       "notebooks/03", _TESTS),
+    _p("dq.no_causal_element_mask", _DQ, [Edit("visible = visible & (offs_n[None, :] <= offs_m[:, None])", "visible = visible")],
+       "the diagonal tiles without the element-wise causal mask", "notebooks/03"),
+    _p("dq.short_causal_loop", _DQ, [Edit("kv_end = tl.minimum(S_k, (pid_m + 1) * BLOCK_M)", "kv_end = tl.minimum(S_k, pid_m * BLOCK_M)")],
+       "the causal loop stops one key block early", "notebooks/03"),
+    _p("dq.row_mask_uses_S_k", _DQ, [Edit("row_ok = offs_m < S_q", "row_ok = offs_m < S_k")],
+       "the query-row mask compares with S_k", "notebooks/03", _TESTS),
+    _p("dq.causal_mask_on_S_with_0", _DQ, [Edit("p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)",
+                                               "p = tl.exp(tl.where(visible, s, 0.0) - lse[:, None])")],
+       "the causal mask sets S to 0 (exp(0) = 1) instead of P to 0", _TESTS),
+    _p("dq.no_scale", _DQ, [Edit("dq = dq * scale", "dq = dq")], "dQ without its factor of scale", _TESTS),
+    _p("dq.keys_unmasked", _DQ, [Edit("mask=col_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
+                                 Edit("visible = row_ok[:, None] & col_ok[None, :]", "visible = row_ok[:, None]")],
+       "K and V loaded past S_k without the key mask", _TESTS),
+    _p("dq.partial_key_block_skipped", _DQ, [Edit("for start_n in range(0, kv_end, BLOCK_N):",
+                                                  "for start_n in range(0, kv_end // BLOCK_N * BLOCK_N, BLOCK_N):")],
+       "the loop skips the partial last key block", _TESTS),
+    _p("dq.no_delta", _DQ, [Edit("ds = p * (dp - delta[:, None])", "ds = p * dp")], "dS without - delta", _TESTS),
+    _p("dq.exp2", _DQ, [Edit("tl.exp(s - lse[:, None])", "tl.exp2(s - lse[:, None])")],
+       "P rebuilt with exp2 from the natural-log LSE", _TESTS),
+    _p("dq.unscaled_scores", _DQ, [Edit("s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale",
+                                        "s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)")],
+       "P rebuilt from scores without the scale", _TESTS),
+    _p("dq.store_without_row_mask", _DQ, [Edit("dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])",
+                                               "dq.to(DQ.dtype.element_ty), mask=d_ok[None, :])")],
+       "the store forgets the row mask", _TESTS),
+    _p("dq.overwrite", _DQ, [Edit("dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)",
+                                  "dq = tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)")],
+       "dQ overwritten by each key block instead of accumulated", _TESTS),
+    _p("dq.key_loop_to_S_q", _DQ, [Edit("    kv_end = S_k\n", "    kv_end = S_q\n")],
+       "the key loop runs to S_q instead of S_k", _TESTS),
+    # ---- the lesson's dK/dV kernel ----------------------------------------------------
+    _p("dkdv.do_head_stride", _DKDV, [DO_WITH_Q_HEAD_STRIDE], "dO offset with Q's head stride", _TESTS),
+    _p("dkdv.causal_mask_on_S_with_0", _DKDV, [Edit("pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)",
+                                                   "pT = tl.exp(tl.where(visible, sT, 0.0) - lse[None, :])")],
+       "the causal mask sets S to 0 instead of P to 0", _TESTS),
+    _p("dkdv.scale_twice", _DKDV, [Edit("dk = dk * scale", "dk = dk * scale * scale")], "dK scaled twice", _TESTS),
+    _p("dkdv.no_p_zero", _DKDV, [Edit("visible = row_ok[None, :] & col_ok[:, None]", "visible = col_ok[:, None]")],
+       "padded query rows do not get P = 0", "notebooks/04"),
+    _p("dkdv.do_rows_unmasked", _DKDV, [_rows_unmasked("do")], "dO loaded past S_q without the row mask", "notebooks/04"),
+    _p("dkdv.q_rows_unmasked", _DKDV, [_rows_unmasked("q")], "Q loaded past S_q without the row mask", "notebooks/04"),
+    _p("dkdv.rows_unmasked", _DKDV, [Edit("mask=row_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
+                                     Edit("visible = row_ok[None, :] & col_ok[:, None]", "visible = col_ok[:, None]")],
+       "Q and dO loaded past S_q without the row mask, and P not masked there", _TESTS),
+    _p("dkdv.lse_unmasked", _DKDV, [Edit("lse = tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)",
+                                         "lse = tl.load(lse_base + offs_m * stride_lse_s)"),
+                                    Edit("visible = row_ok[None, :] & col_ok[:, None]", "visible = col_ok[:, None]")],
+       "LSE loaded past S_q without the row mask, and P not masked there", _TESTS),
+    _p("dkdv.no_delta", _DKDV, [Edit("dsT = pT * (dpT - delta[None, :])", "dsT = pT * dpT")], "dS without - delta", _TESTS),
+    _p("dkdv.exp2", _DKDV, [Edit("tl.exp(sT - lse[None, :])", "tl.exp2(sT - lse[None, :])")],
+       "P rebuilt with exp2 from the natural-log LSE", _TESTS),
+    _p("dkdv.unscaled_scores", _DKDV, [Edit("sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * scale",
+                                            "sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)")],
+       "P rebuilt from scores without the scale (scale passed as 1.0)", _TESTS),
+    _p("dkdv.dv_from_p", _DKDV, [Edit("dv += tl.dot(pT.to(do.dtype), do", "dv += tl.dot(tl.trans(pT).to(do.dtype), do")],
+       "dV from the tile of P instead of P^T (square tiles)", _TESTS),
+    _p("dkdv.overwrite", _DKDV, [Edit("dv += tl.dot(pT", "dv = tl.dot(pT"), Edit("dk += tl.dot(dsT", "dk = tl.dot(dsT")],
+       "dK and dV overwritten by each query block instead of accumulated", _TESTS),
+    _p("dkdv.same_query_tile", _DKDV, [Edit("offs_m = start_m + tl.arange(0, BLOCK_M)", "offs_m = m_start + tl.arange(0, BLOCK_M)")],
+       "every iteration loads the first query tile instead of the one it steps to", _TESTS),
+    _p("dkdv.query_loop_to_S_k", _DKDV, [Edit("for start_m in range(m_start, S_q, BLOCK_M):",
+                                              "for start_m in range(m_start, S_k, BLOCK_M):")],
+       "the query loop runs to S_k instead of S_q", _TESTS),
+    # ---- lazy attention's backward kernels (lesson 07) ---------------------------------
+    *[_p(f"lazy.{k}.do_head_stride", ("flashattn.lazy.kernels", k), [DO_WITH_Q_HEAD_STRIDE],
+         "dO offset with Q's head stride (the lazy-attention story)", "notebooks/07", "tests/test_lazy.py")
+      for k in ("lazy_bwd_preprocess_kernel", "lazy_bwd_dq_kernel", "lazy_bwd_dkdv_kernel")],
+    # ---- ablations of the fast kernels (bench.py, notebook 06) -------------------------
+    _p("fast.fwd.every_tile_masked", ("flashattn.fast.forward", "fast_fwd_kernel"),
+       [Edit("0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")],
+       "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
+    _p("fast.dq.every_tile_masked", ("flashattn.fast.backward", "fast_dq_kernel"),
+       [Edit("0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")],
+       "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
+    _p("fast.dkdv.every_tile_masked", ("flashattn.fast.backward", "fast_dkdv_kernel"),
+       [Edit("offs_n, offs_d, first_free, S_q, S_q, qk_scale, scale,\n                             False,",
+             "offs_n, offs_d, first_free, S_q, S_q, qk_scale, scale,\n                             True,")],
+       "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
+]
+
+#: every named edit of the package, by name
+CATALOG: dict = {e.name: e for e in _ENTRIES}
+
+
+@contextlib.contextmanager
+def plant(*names: str):
+    """Inside this block the catalog entries ``names`` are planted (each in its own kernel;
+    entries of one kernel are combined)."""
+    by_kernel: dict = {}
+    for name in names:
+        if name not in CATALOG:
+            raise KeyError(f"no planted edit named {name!r}; see flashattn.planted.CATALOG")
+        e = CATALOG[name]
+        by_kernel.setdefault((e.module, e.kernel_name), []).extend(e.edits)
+    with contextlib.ExitStack() as stack:
+        for (module, kernel_name), edits in by_kernel.items():
+            stack.enter_context(planted_bug(importlib.import_module(module), kernel_name, edits))
+        yield

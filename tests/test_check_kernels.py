@@ -13,7 +13,6 @@ import triton.language as tl
 
 import flashattn
 from flashattn import backward, check, planted
-from flashattn.planted import Edit
 
 from conftest import assert_clean, assert_hint, run_checker
 
@@ -62,34 +61,40 @@ def launch_dkdv_direct(q, k, v, do, lse, delta, dk, dv, causal, scale):
         scale, **_common(q, k, scale, causal))
 
 
-DO_WITH_Q_HEAD_STRIDE = Edit("h.to(tl.int64) * stride_do_h", "h.to(tl.int64) * stride_q_h")
-
+#: catalog entry (flashattn.planted.CATALOG) -> the diagnosis it must get, and a phrase the
+#: evidence must contain. Every diagnosis a kernel can get is proven here by a planted bug.
 DQ_BUGS = {
-    "heads": [DO_WITH_Q_HEAD_STRIDE],
-    # the mask zeroes S instead of P: hidden keys get exp(0 - LSE) != 0
-    "causal": [Edit("p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)",
-                    "p = tl.exp(tl.where(visible, s, 0.0) - lse[:, None])")],
-    "scale": [Edit("dq = dq * scale", "dq = dq")],
-    # K/V loaded past S_k without a mask, and P not masked on those keys
-    "padding": [Edit("mask=col_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
-                Edit("visible = row_ok[:, None] & col_ok[None, :]", "visible = row_ok[:, None]")],
-    "delta": [Edit("ds = p * (dp - delta[:, None])", "ds = p * dp")],
-    "lse": [Edit("tl.exp(s - lse[:, None])", "tl.exp2(s - lse[:, None])")],
-    # the store forgets the row mask: the last block's padded rows land past the end
-    "oob_write": [Edit("dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])",
-                       "dq.to(DQ.dtype.element_ty), mask=d_ok[None, :])")],
+    "dq.do_head_stride": ("heads", "(0,0) ok"),
+    "dq.no_causal_element_mask": ("causal", "exactly the causal cases"),
+    "dq.short_causal_loop": ("causal", "exactly the causal cases"),
+    "dq.causal_mask_on_S_with_0": ("causal", "exactly the causal cases"),
+    "dq.row_mask_uses_S_k": ("unwritten", "never written in 'S_q > S_k'"),
+    "dq.no_scale": ("scale", "yours / reference"),
+    "dq.keys_unmasked": ("read_past_end", "K, V"),
+    "dq.partial_key_block_skipped": ("padding", "not a multiple of 32"),
+    "dq.no_delta": ("delta", "match that computation"),
+    "dq.exp2": ("lse", "match that computation"),
+    "dq.unscaled_scores": ("scale_in_scores", "match that computation"),
+    "dq.store_without_row_mask": ("oob_write", "written after the end of dQ"),
+    "dq.overwrite": ("accumulate", "last block's share alone (blocks of 32)"),
+    "dq.key_loop_to_S_q": ("keys_bound", "S_q < S_k"),
 }
 
 DKDV_BUGS = {
-    "heads": [DO_WITH_Q_HEAD_STRIDE],
-    "causal": [Edit("pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)",
-                    "pT = tl.exp(tl.where(visible, sT, 0.0) - lse[None, :])")],
-    "scale": [Edit("dk = dk * scale", "dk = dk * scale * scale")],
-    # Q and dO loaded past S_q without a mask ("P masks them anyway") and P not masked there
-    "padding": [Edit("mask=row_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
-                Edit("visible = row_ok[None, :] & col_ok[:, None]", "visible = col_ok[:, None]")],
-    "delta": [Edit("dsT = pT * (dpT - delta[None, :])", "dsT = pT * dpT")],
-    "lse": [Edit("tl.exp(sT - lse[None, :])", "tl.exp2(sT - lse[None, :])")],
+    "dkdv.do_head_stride": ("heads", "(0,0) ok"),
+    "dkdv.causal_mask_on_S_with_0": ("causal", "exactly the causal cases"),
+    "dkdv.scale_twice": ("scale", "dV right in every case"),
+    "dkdv.do_rows_unmasked": ("read_past_end", "around dO,"),
+    "dkdv.q_rows_unmasked": ("read_past_end", "around Q,"),
+    "dkdv.rows_unmasked": ("read_past_end", "Q, dO"),
+    "dkdv.lse_unmasked": ("read_past_end", "around LSE,"),
+    "dkdv.no_delta": ("delta", "dV right in every case"),
+    "dkdv.exp2": ("lse", "match that computation"),
+    "dkdv.unscaled_scores": ("scale_in_scores", "match that computation"),
+    "dkdv.dv_from_p": ("dv_formula", "dK right in every case"),
+    "dkdv.overwrite": ("accumulate", "last block's share alone (blocks of 32)"),
+    "dkdv.same_query_tile": ("query_blocks", "more than one query block of 32"),
+    "dkdv.query_loop_to_S_k": ("rows_bound", "S_q > S_k"),
 }
 
 
@@ -100,9 +105,11 @@ def test_dq_kernel_correct_passes():
 
 @pytest.mark.parametrize("bug", list(DQ_BUGS))
 def test_dq_kernel_planted(bug):
-    with planted.planted_bug(backward, "attn_bwd_dq_kernel", DQ_BUGS[bug]):
+    hint, phrase = DQ_BUGS[bug]
+    with planted.plant(bug):
         r = run_checker(check.dq_kernel, launch_dq_direct)
-    assert_hint(r, bug)
+    assert_hint(r, hint)
+    assert phrase in r.diagnosis(), r.diagnosis()
 
 
 def test_dkdv_kernel_correct_passes():
@@ -112,9 +119,34 @@ def test_dkdv_kernel_correct_passes():
 
 @pytest.mark.parametrize("bug", list(DKDV_BUGS))
 def test_dkdv_kernel_planted(bug):
-    with planted.planted_bug(backward, "attn_bwd_dkdv_kernel", DKDV_BUGS[bug]):
+    hint, phrase = DKDV_BUGS[bug]
+    with planted.plant(bug):
         r = run_checker(check.dkdv_kernel, launch_dkdv_direct)
-    assert_hint(r, bug)
+    assert_hint(r, hint)
+    assert phrase in r.diagnosis(), r.diagnosis()
+
+
+def test_missing_row_mask_on_P_is_harmless_when_the_loads_are_masked():
+    """What exercise 04 says: with Q, dO, LSE and delta loaded as 0 on padded rows, P = 1 there
+    but dO = 0 and delta = 0 make those rows add nothing -- the checker rightly passes it."""
+    with planted.plant("dkdv.no_p_zero"):
+        assert_clean(run_checker(check.dkdv_kernel, launch_dkdv_direct))
+
+
+def test_a_launcher_that_launches_no_kernel_is_refused():
+    def pytorch_launcher(q, k, v, do, lse, delta, dk, dv, causal, scale):
+        from flashattn.reference import attention_reference
+        ref = attention_reference(q, k, v, do, causal=causal, scale=scale)
+        dk.copy_(ref.dK)
+        dv.copy_(ref.dV)
+    r = run_checker(check.dkdv_kernel, pytorch_launcher)
+    assert_hint(r, "no_kernel")
+    assert "without launching any kernel" in r.diagnosis()
+
+
+def test_kernel_language_is_validated():
+    with pytest.raises(ValueError, match="kernel_language"):
+        check.dq_kernel(launch_dq, kernel_language="cuda++")
 
 
 def test_dq_grid_rounded_down_leaves_nan_rows():
@@ -122,7 +154,7 @@ def test_dq_grid_rounded_down_leaves_nan_rows():
         launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=lambda a, b: a // b)
     r = run_checker(check.dq_kernel, launch)
     assert_hint(r, "unwritten")
-    assert "wrong rows" in r.diagnosis()
+    assert "never written" in r.diagnosis() and "S_q is not a multiple of 32" in r.diagnosis()
 
 
 # A dK/dV kernel with one program per (key block, query block) tile that adds its share into

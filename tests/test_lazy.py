@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import flashattn
-from flashattn import KernelConfig, lazy, planted
+from flashattn import KernelConfig, planted
+from flashattn.lazy import kernels as lazy
 from flashattn.lazy import lazy_attention
-from flashattn.lazy_reference import (lazy_attention_reference, lazy_gradients_autograd,
+from flashattn.lazy.reference import (lazy_attention_reference, lazy_gradients_autograd,
                                       lazy_gradients_per_batch)
 
 from conftest import DEVICE, ON_GPU, TOL, rand
@@ -343,25 +344,28 @@ def _one_head_backward(q, k, v, bias, tau, do, scale, *, bug=None):
 
 
 def test_exercise_checker_accepts_the_right_backward(capsys):
-    from flashattn.lazy_reference import check_lazy_backward
+    from flashattn import check
 
-    check_lazy_backward(_one_head_backward)
-    assert "PASS" in capsys.readouterr().out
+    check.lazy_backward(_one_head_backward)
+    out = capsys.readouterr().out
+    assert out.startswith("PASS check.lazy_backward") and out.count("\n") == 1   # one line
 
 
-@pytest.mark.parametrize("bug, message", [("shortcut", r"rowsum\(P \* dP\)"), ("no gate", "gate"),
-                                          ("no 1/(i+1)", r"1/\(i\+1\)")])
-def test_exercise_checker_names_the_classic_bug(bug, message):
-    from flashattn.lazy_reference import check_lazy_backward
+@pytest.mark.parametrize("bug, hint", [("shortcut", "lazy_delta"), ("no gate", "lazy_gate"),
+                                       ("no 1/(i+1)", "lazy_dtau_count")])
+def test_exercise_checker_names_the_classic_bug(bug, hint):
+    from flashattn import check
 
-    with pytest.raises(AssertionError, match=message):
-        check_lazy_backward(lambda *a: _one_head_backward(*a, bug=bug), verbose=False)
+    r = check.lazy_backward(lambda *a: _one_head_backward(*a, bug=bug), raise_on_fail=False, show=False)
+    assert r.hint_ids == [hint], r.report()
+    with pytest.raises(AssertionError, match=hint):
+        check.lazy_backward(lambda *a: _one_head_backward(*a, bug=bug), show=False)
 
 
 def test_benchmark_cli(capsys, tmp_path):
     """Without a GPU the full benchmark refuses (it would take hours); --quick runs anywhere and
     writes its JSON and PNG."""
-    from flashattn import lazy_bench
+    from flashattn.lazy import bench as lazy_bench
 
     if not ON_GPU:
         assert lazy_bench.main([]) == 2

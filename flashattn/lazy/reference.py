@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -46,7 +46,7 @@ def distance_bias(bias: torch.Tensor, L: int) -> torch.Tensor:
     # of the result is v[L-1+i-j] over j. Its backward is a strided sum. (Indexing bias with an
     # L x L matrix of distances gives the same values, but its backward scatters L^2 numbers
     # into W+1 bins, which on a GPU means atomics fighting over a handful of addresses: it made
-    # the materialised baseline of lazy_bench ~50x slower than it needs to be.)
+    # the materialised baseline of lazy.bench ~50x slower than it needs to be.)
     H, n = bias.shape[0], min(bias.shape[-1], L)          # only distances 0..L-1 occur
     v = torch.cat([bias.new_zeros(H, L - 1), bias[:, :n], bias.new_zeros(H, L - n)], dim=1)
     return v.flip(1).unfold(1, L, 1).flip(1)
@@ -156,95 +156,3 @@ def diagonal_sums(M: torch.Tensor, W: int) -> torch.Tensor:
     for d in range(min(W, L - 1) + 1):
         out[..., d] = torch.diagonal(M, offset=-d, dim1=-2, dim2=-1).sum(-1)
     return out
-
-
-# --------------------------------------------------------------------------------------
-# the exercise checker (notebook solutions/07): a learner's one-head backward vs autograd
-# --------------------------------------------------------------------------------------
-_CHECK_CASES = [
-    # (L, D, W, taus per head, seed): several heads with their own bias and tau
-    (13, 8, 4, (0.3, -0.4, 1.5), 1),
-    (9, 8, 0, (0.5, -0.2), 2),          # W = 0: only the main diagonal is biased
-    (7, 8, 12, (0.0, -2.0), 3),         # W >= L; tau strongly negative: sparse rows
-]
-
-
-def check_lazy_backward(fn: Callable, *, verbose: bool = True) -> None:
-    """Check a learner's one-head lazy-attention backward against autograd, head by head.
-
-    ``fn(q, k, v, bias, tau, do, scale)`` gets one head in float64 (q, k, v, do ``[L, D]``,
-    bias ``[W+1]``, tau a 0-d tensor) and returns ``(dq, dk, dv, dbias, dtau)``. Several cases
-    (W = 0, W >= L, tau > 0, tau < 0 with sparse rows) and every head of each are tried. On a
-    mismatch an AssertionError names the tensor, the head, and the classic bug it looks like.
-    """
-    names = ("dQ", "dK", "dV", "dBias", "dTau")
-    for L, D, W, taus, seed in _CHECK_CASES:
-        g = torch.Generator().manual_seed(seed)
-        H = len(taus)
-        q, k, v, do = (torch.randn(1, H, L, D, generator=g, dtype=torch.float64) for _ in range(4))
-        bias = torch.randn(H, W + 1, generator=g, dtype=torch.float64)
-        tau = torch.tensor(taus, dtype=torch.float64)
-        scale = 1.0 / math.sqrt(D)
-        ref = lazy_gradients_autograd(q, k, v, bias, tau, do, scale=scale)
-        formulas = lazy_backward_formulas(q, k, v, bias, tau, do, scale=scale)
-        for h in range(H):
-            got = fn(q[0, h], k[0, h], v[0, h], bias[h], tau[h], do[0, h], scale)
-            if not isinstance(got, (tuple, list)) or len(got) != 5:
-                raise AssertionError("return a tuple (dq, dk, dv, dbias, dtau)")
-            want = (ref["dQ"][0, h], ref["dK"][0, h], ref["dV"][0, h], ref["dBias"][h], ref["dTau"][h])
-            for name, a, e in zip(names, got, want):
-                a = torch.as_tensor(a, dtype=torch.float64)
-                if a.shape != e.shape:
-                    raise AssertionError(f"{name} (L={L}, W={W}, head {h}): shape {tuple(a.shape)}, "
-                                         f"expected {tuple(e.shape)}")
-                err = float((a - e).norm() / e.norm().clamp_min(1e-300))
-                if not (err < 1e-8):
-                    hint = _diagnose(name, a, h, formulas, q, k, v, bias, tau, do, scale)
-                    raise AssertionError(f"{name} is wrong (L={L}, W={W}, tau={taus[h]}, head {h}): "
-                                         f"relative error {err:.2e}. {hint}")
-        if verbose:
-            print(f"L={L:>2} W={W:>2} taus={taus}: every head matches autograd")
-    if verbose:
-        print("PASS: your backward matches autograd for every case and every head")
-
-
-def _diagnose(name, got, h, f, q, k, v, bias, tau, do, scale) -> str:
-    """Compare a wrong answer with the classic mistakes; name the one it matches."""
-    L = q.shape[-2]
-    i = torch.arange(L)
-    inv = 1.0 / (i + 1).double()
-    P, dP, dA, gate = f["P"][0, h], f["dP"][0, h], f["dA"][0, h], f["gate"][0, h]
-    W = bias.shape[-1] - 1
-
-    def close(x):
-        return x.shape == got.shape and float((got - x).norm() / x.norm().clamp_min(1e-300)) < 1e-6
-
-    wrong_delta = f["delta_wrong"][0, h]
-    dS_wrong_delta = P * (dP - wrong_delta[:, None])
-    dS_no_gate = P * (dA * (i[None, :] <= i[:, None]) - (P * dA).sum(-1, keepdim=True))
-    candidates = {
-        "dQ": [(dS_wrong_delta @ k[0, h] * scale, "delta = rowsum(dO * O) is the softmax-attention "
-                "shortcut; here O = A V, so use delta = rowsum(P * dP)."),
-               (dS_no_gate @ k[0, h] * scale, "the ReLU gate is missing: dP = dA * 1[P + tau/(i+1) > 0]."),
-               (f["dS"][0, h] @ k[0, h], "the scale is missing: S = Q K^T * scale, so dQ = dS K * scale.")],
-        "dK": [(dS_wrong_delta.T @ q[0, h] * scale, "delta = rowsum(dO * O) does not hold here: "
-                "use delta = rowsum(P * dP)."),
-               (f["dS"][0, h] @ q[0, h] * scale, "dK needs dS transposed: dK = dS^T Q * scale."),
-               (f["dS"][0, h].T @ q[0, h], "the scale is missing: dK = dS^T Q * scale.")],
-        "dV": [(P.T @ do[0, h], "dV = A^T dO (the ReLU-shifted A), not P^T dO.")],
-        "dBias": [(diagonal_sums(dS_wrong_delta, W), "dS uses the wrong delta (rowsum(dO * O)): "
-                   "use rowsum(P * dP)."),
-                  (diagonal_sums(f["dS"][0, h].T, W), "dBias[d] sums the diagonal i - j = d, below "
-                   "the main one (j <= i), not above it.")],
-        "dTau": [((dA * gate).sum(), "dTau needs the 1/(i+1) factor: tau enters as tau/(i+1)."),
-                 (((dA * (i[None, :] <= i[:, None])).sum(-1) * inv).sum(),
-                  "dTau must be gated: entries clipped by the ReLU get no gradient."),
-                 ((dA.sum(-1) * inv).sum(), "tau/(i+1) is added only on j <= i: sum dA over the "
-                  "causal entries only (and gate them).")],
-    }
-    for candidate, message in candidates.get(name, []):
-        if close(candidate):
-            return "It looks like this classic bug: " + message
-    if name in ("dQ", "dK", "dBias"):
-        return "Check dS = P * (dP - delta) with dP = dA * gate and delta = rowsum(P * dP)."
-    return "Compare with the formulas in the lesson, one intermediate at a time."

@@ -1,7 +1,7 @@
 """Lazy attention in Triton: causal attention with a learnable per-head distance bias and a
 learnable per-head tau, forward and backward, gradients for q, k, v, bias and tau.
 
-The operator (``lazy_reference.py`` has the same in plain PyTorch)::
+The operator (``lazy/reference.py`` has the same in plain PyTorch)::
 
     S[i, j] = q_i . k_j * scale + b[i, j]     b[i, j] = bias[h, i - j] if 0 <= i - j <= W, else 0
     P       = softmax(S) over j <= i          (causal, always)
@@ -40,8 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from . import configs, runtime
-from .configs import KernelConfig
+from .. import configs, runtime
+from ..configs import KernelConfig
 
 
 # --------------------------------------------------------------------------------------

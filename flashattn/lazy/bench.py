@@ -1,8 +1,8 @@
 """Benchmark lazy attention: the Triton kernels against the materialised PyTorch formula.
 
-    python -m flashattn.lazy_bench                   # on a GPU: L = 1024 ... 8192, fp16
-    python -m flashattn.lazy_bench --dtype bf16 --window 4096 --out results/
-    python -m flashattn.lazy_bench --quick           # tiny sizes: runs anywhere, the CPU included
+    python -m flashattn.lazy.bench                   # on a GPU: L = 1024 ... 8192, fp16
+    python -m flashattn.lazy.bench --dtype bf16 --window 4096 --out results/
+    python -m flashattn.lazy.bench --quick           # tiny sizes: runs anywhere, the CPU included
 
 For each length L it measures, for both providers, the forward time and the forward+backward
 time (medians of ``triton.testing.do_bench``, gradients for q, k, v, bias and tau) and the
@@ -22,10 +22,10 @@ from typing import Callable, Optional
 
 import torch
 
-from . import runtime
-from .bench import DTYPES, environment, median_ms
-from .lazy import lazy_attention
-from .lazy_reference import lazy_attention_reference
+from .. import runtime
+from ..bench import DTYPES, environment, median_ms
+from .kernels import lazy_attention
+from .reference import lazy_attention_reference
 
 def providers() -> dict[str, Callable]:
     def pytorch(q, k, v, bias, tau):
@@ -184,7 +184,7 @@ def plot(lines: list[dict], env: dict, cfg: dict, path: Path) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m flashattn.lazy_bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m flashattn.lazy.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqlens", nargs="+", type=int, default=[1024, 2048, 4096, 8192])
     ap.add_argument("--batch", type=int, default=2)
@@ -208,7 +208,7 @@ def main(argv: Optional[list[str]] = None) -> int:
               "here on tiny sizes.", file=sys.stderr)
         return 2
     env = environment()
-    env["command"] = "python -m flashattn.lazy_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    env["command"] = "python -m flashattn.lazy.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     cfg = dict(B=args.batch, H=args.heads, D=args.head_dim, W=args.window, dtype=args.dtype)
     print(f"lazy attention benchmark on {env['where']}: {cfg}")
     rows, check = run(args.seqlens, args.batch, args.heads, args.head_dim, args.window, args.dtype,

@@ -1,0 +1,266 @@
+"""Checkers for the exercises: run your code on a battery of cases and name the mistake.
+
+Each checker takes the function (or kernel launcher) an exercise asks you to write, runs it on
+a battery of small cases -- several batches and heads, causal and not, lengths that are not
+block multiples, S_q != S_k, one block and several, non-contiguous q/k/v, a dO of stride 0 and
+a strided dO, a custom scale -- and compares every output with the float64 reference
+(:mod:`flashattn.reference`), head by head. Around every input lies NaN, so a load past the end
+shows; every output starts as a marked NaN, so an element never written shows.
+
+A pass prints one line. A failure prints the diagnosis -- the mistake the pattern of errors
+points at, with the evidence (which outputs, which cases, what factor, which rows) -- and the
+table of cases, and raises ``AssertionError`` (``raise_on_fail=False`` returns the
+:class:`CheckResult` instead: ``.report()``, ``.table()``, ``.plot()`` for the details).
+The diagnoses and how they are chosen: :mod:`flashattn.check.diagnose`.
+
+The checkers and what they call
+-------------------------------
+* :func:`attention_backward` -- ``fn(q, k, v, o, do, lse, causal, scale) -> (dq, dk, dv)``
+* :func:`rebuild_p` -- ``fn(q, k, lse, causal, scale) -> P``
+* :func:`online_softmax` -- ``fn(q, k, v, causal, scale, block_n) -> (o, lse)``
+* :func:`dq_kernel` -- ``launch(q, k, v, do, lse, delta, dq, causal, scale) -> None``
+* :func:`dkdv_kernel` -- ``launch(q, k, v, do, lse, delta, dk, dv, causal, scale) -> None``
+* :func:`autograd_function` -- ``fn(q, k, v, causal=..., scale=...) -> o`` (differentiable)
+* :func:`lazy_backward` -- ``fn(q, k, v, bias, tau, do, scale) -> (dq, dk, dv, dbias, dtau)``
+
+Inputs are float32 on the CPU (Triton interpreter) and float16 on a GPU for the kernels, unless
+``dtype=`` says otherwise; ``scale`` is always a float (never None); ``causal`` a bool.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Optional, Sequence
+
+import torch
+
+from .. import runtime
+from .battery import AUTOGRAD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, Case, Output
+from .diagnose import RULES, ShapeError
+from .fingerprints import backward_variants
+from .lazy import lazy_backward
+from .origin import describe_origin
+from .results import CheckResult, Diagnosis
+from .runner import kernel_not_written, launched, run_battery
+
+__all__ = [
+    "Case", "CheckResult", "Diagnosis", "RULES", "BATTERY",
+    "attention_backward", "rebuild_p", "online_softmax", "dq_kernel", "dkdv_kernel",
+    "autograd_function", "lazy_backward", "describe_origin",
+]
+
+
+def _with_gqa(cases, gqa):
+    return tuple(cases) + (GQA_CASES if gqa else ())
+
+
+def _variants(kind):
+    return lambda case, x: backward_variants(case, x, kind)
+
+
+def _default_kernel_dtype():
+    return torch.float32 if runtime.INTERPRET else torch.float16
+
+
+def attention_backward(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
+                       cases: Optional[Sequence[Case]] = None, seed: int = 0,
+                       raise_on_fail: bool = True, show: bool = True) -> CheckResult:
+    """Check a PyTorch attention backward written by hand.
+
+    ``fn(q, k, v, o, do, lse, causal, scale) -> (dq, dk, dv)``: q ``[B, H, S_q, D]``, k, v
+    ``[B, H_kv, S_k, D]`` (H_kv = H unless ``gqa=True``), o and do like q, lse ``[B, H, S_q]``
+    (the forward's log-sum-exp, fp32), ``causal`` a bool, ``scale`` a float. The tensors may be
+    non-contiguous and dO may have stride 0. Returns gradients shaped like q, k, v.
+    """
+    def run_case(case, x):
+        out = fn(x.q, x.k, x.v, x.o, x.do, x.lse, case.causal, case.scale_value)
+        if not (isinstance(out, (tuple, list)) and len(out) == 3):
+            raise ShapeError(f"fn must return a tuple (dq, dk, dv), got {type(out).__name__}")
+        dq, dk, dv = out
+        return {"dQ": dq, "dK": dk, "dV": dv}, {"dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV}, {}
+
+    return run_battery("check.attention_backward", fn, _with_gqa(cases or BATTERY, gqa), run_case,
+                       kind="backward", dtype=dtype, seed=seed, with_do=True,
+                       variants=_variants("backward"), raise_on_fail=raise_on_fail, show=show)
+
+
+def rebuild_p(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
+              cases: Optional[Sequence[Case]] = None, seed: int = 0,
+              raise_on_fail: bool = True, show: bool = True) -> CheckResult:
+    """Check rebuilding the softmax from the forward's log-sum-exp.
+
+    ``fn(q, k, lse, causal, scale) -> P`` with ``P = exp(S - LSE)`` ``[B, H, S_q, S_k]``,
+    S = Q K^T * scale (hidden keys j > i get P = 0 when ``causal``), lse ``[B, H, S_q]`` fp32.
+    """
+    def run_case(case, x):
+        p = fn(x.q, x.k, x.lse, case.causal, case.scale_value)
+        return {"P": p}, {"P": x.ref.P}, {}
+
+    def variants(case, x):
+        ref, s = x.ref, case.scale_value
+        lse = ref.LSE[..., None]
+        k = x.k.to(torch.float64).repeat_interleave(case.H // case.heads_kv, dim=1)
+        raw = x.q.to(torch.float64) @ k.transpose(-1, -2)
+        hidden = ~torch.isfinite(ref.S)
+        return {"unscaled_s": {"P": torch.exp(raw - lse).masked_fill(hidden, 0.0)},
+                "exp2": {"P": torch.exp2(ref.S - lse)}}
+
+    return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,
+                       kind="rebuild_p", dtype=dtype, seed=seed, with_do=False, variants=variants,
+                       raise_on_fail=raise_on_fail, show=show)
+
+
+def _online_cases(cases):
+    out = [replace(c, block_n=16) for c in cases]
+    # the same shapes in one block: rescaling never happens there
+    out += [replace(c, name=c.name + ", one block", block_n=c.S_k) for c in cases[:2]]
+    return tuple(out)
+
+
+def online_softmax(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
+                   cases: Optional[Sequence[Case]] = None, seed: int = 0,
+                   raise_on_fail: bool = True, show: bool = True) -> CheckResult:
+    """Check a forward written with the online softmax, block by block over the keys.
+
+    ``fn(q, k, v, causal, scale, block_n) -> (o, lse)``: o like q, lse ``[B, H, S_q]`` the
+    natural-log log-sum-exp of each row of S = Q K^T * scale. ``block_n`` is the number of keys
+    per block (16, or all keys at once for the "one block" cases).
+    """
+    def run_case(case, x):
+        out = fn(x.q, x.k, x.v, case.causal, case.scale_value, case.block_n)
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            raise ShapeError(f"fn must return a tuple (o, lse), got {type(out).__name__}")
+        o, lse = out
+        return {"O": o, "LSE": lse}, {"O": x.ref.O, "LSE": x.ref.LSE}, {}
+
+    return run_battery("check.online_softmax", fn, _online_cases(_with_gqa(cases or FORWARD_BATTERY, gqa)),
+                       run_case, kind="online_softmax", dtype=dtype, seed=seed, with_do=False,
+                       raise_on_fail=raise_on_fail, show=show)
+
+
+def _check_language(kernel_language: str) -> str:
+    if kernel_language not in ("triton", "cuda"):
+        raise ValueError(f"kernel_language must be 'triton' or 'cuda', got {kernel_language!r}")
+    return kernel_language
+
+
+def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
+              cases: Optional[Sequence[Case]] = None, seed: int = 0,
+              raise_on_fail: bool = True, show: bool = True,
+              kernel_language: str = "triton") -> CheckResult:
+    """Check a dQ kernel through its launcher.
+
+    ``launch(q, k, v, do, lse, delta, dq, causal, scale) -> None`` must launch your kernel and
+    write dQ into ``dq`` (allocated here, ``[B, H, S_q, D]`` like q, filled with a marked NaN so
+    that unwritten elements show). ``lse`` and ``delta`` ``[B, H, S_q]`` are the forward's LSE
+    and rowsum(dO * O) in fp32; every tensor may be non-contiguous (dO even of stride 0), so
+    pass each one's own ``.stride()``. Inputs are fp32 in the interpreter, fp16 on a GPU.
+    ``kernel_language="cuda"`` for a launcher of a CUDA C++ kernel (the check that a kernel
+    ran then looks for CUDA kernels instead of Triton ones).
+    """
+    language = _check_language(kernel_language)
+
+    def run_case(case, x):
+        out = Output(x.q.shape, x.q.dtype, x.q.device)
+        n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, out.tensor, case.causal,
+                     case.scale_value)
+        return ({"dQ": out.tensor.clone()}, {"dQ": x.ref.dQ},
+                {"guard_touched": {"dQ": out.guard_touched()}, "launches": n})
+
+    return run_battery("check.dq_kernel", launch, _with_gqa(cases or BATTERY, gqa), run_case,
+                       kind="dq", dtype=dtype or _default_kernel_dtype(), seed=seed, with_do=True,
+                       variants=_variants("dq"), role="your launcher", raise_on_fail=raise_on_fail,
+                       show=show, precheck=lambda: kernel_not_written(launch))
+
+
+def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
+                cases: Optional[Sequence[Case]] = None, seed: int = 0,
+                raise_on_fail: bool = True, show: bool = True,
+                kernel_language: str = "triton") -> CheckResult:
+    """Check a dK/dV kernel through its launcher.
+
+    ``launch(q, k, v, do, lse, delta, dk, dv, causal, scale) -> None`` must launch your kernel
+    and write dK and dV into ``dk`` and ``dv`` (allocated here like k and v, filled with a
+    marked NaN). Same inputs as :func:`dq_kernel`. Two cases run twice and must give the same
+    bits: accumulate in registers, not into global memory from several programs.
+    """
+    language = _check_language(kernel_language)
+
+    def run_case(case, x):
+        dk = Output(x.k.shape, x.k.dtype, x.k.device)
+        dv = Output(x.v.shape, x.v.dtype, x.v.device)
+        n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, dk.tensor, dv.tensor,
+                     case.causal, case.scale_value)
+        return ({"dK": dk.tensor.clone(), "dV": dv.tensor.clone()}, {"dK": x.ref.dK, "dV": x.ref.dV},
+                {"guard_touched": {"dK": dk.guard_touched(), "dV": dv.guard_touched()}, "launches": n})
+
+    return run_battery("check.dkdv_kernel", launch, _with_gqa(cases or BATTERY, gqa), run_case,
+                       kind="dkdv", dtype=dtype or _default_kernel_dtype(), seed=seed, with_do=True,
+                       variants=_variants("dkdv"), role="your launcher", raise_on_fail=raise_on_fail,
+                       show=show, precheck=lambda: kernel_not_written(launch))
+
+
+_GRAD_COUNT_HELP = ("backward must return one value per input of forward(ctx, q, k, v, causal, "
+                    "scale): (dq, dk, dv, None, None) -- None for the non-tensor arguments.")
+_BAD_GRAD = re.compile(r"invalid gradient at index (\d+) - got \[([\d, ]*)\] but expected shape "
+                       r"compatible with \[([\d, ]*)\]")
+
+
+def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
+                      cases: Optional[Sequence[Case]] = None, seed: int = 0,
+                      raise_on_fail: bool = True, show: bool = True) -> CheckResult:
+    """Check attention wired into autograd, forward and backward.
+
+    ``fn(q, k, v, causal=..., scale=...) -> o`` (typically ``MyFunction.apply(q, k, v, causal,
+    scale)``). The checker makes q, k, v leaves that require grad (in one case only q does),
+    runs ``fn`` and ``torch.autograd.grad`` with a dO that may be strided, or calls
+    ``o.sum().backward()`` (autograd then hands backward a dO of stride 0), and compares O,
+    dQ, dK, dV with the float64 reference.
+    """
+    names = {"q": "dQ", "k": "dK", "v": "dV"}
+
+    def run_case(case, x):
+        leaves = {n: t.detach().requires_grad_(n in case.requires) for n, t in (("q", x.q), ("k", x.k), ("v", x.v))}
+        o = fn(leaves["q"], leaves["k"], leaves["v"], causal=case.causal, scale=case.scale_value)
+        if not isinstance(o, torch.Tensor):
+            raise ShapeError(f"fn must return the output tensor, got {type(o).__name__}")
+        wanted = [n for n in "qkv" if n in case.requires]
+        try:
+            if case.do_layout == "sum":
+                for n in wanted:
+                    leaves[n].grad = None
+                o.sum().backward()
+                grads = [leaves[n].grad for n in wanted]
+            else:
+                grads = torch.autograd.grad(o, [leaves[n] for n in wanted], x.do, allow_unused=True)
+        except RuntimeError as e:
+            if "incorrect number of gradients" in str(e):
+                raise RuntimeError(f"{e}. {_GRAD_COUNT_HELP}") from None
+            m = _BAD_GRAD.search(str(e))
+            if m:
+                got = tuple(int(s) for s in m.group(2).split(",") if s.strip())
+                index = int(m.group(1))
+                other = next((names[n] for n in "qkv" if tuple(leaves[n].shape) == got), None)
+                if other is not None and index < 3:
+                    raise _Swapped(names["qkv"[index]], other) from None
+            raise
+        outs = {"O": o.detach()}
+        refs = {"O": x.ref.O, "dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV}
+        for n, g in zip(wanted, grads):
+            if g is None:
+                raise ShapeError(f"no gradient reached {n}: backward returned None for it")
+            outs[names[n]] = g
+        return outs, refs, {}
+
+    return run_battery("check.autograd_function", fn, _with_gqa(cases or AUTOGRAD_BATTERY, gqa),
+                       run_case, kind="autograd", dtype=dtype or _default_kernel_dtype(), seed=seed,
+                       with_do=True, variants=_variants("autograd"), raise_on_fail=raise_on_fail,
+                       show=show)
+
+
+class _Swapped(ShapeError):
+    """autograd refused a gradient that has another input's shape: the order is wrong."""
+
+    def __init__(self, got: str, wanted: str):
+        super().__init__(f"the gradient returned for {got[1:].lower()} has {wanted[1:].lower()}'s shape")
+        self.pair = (got, wanted)

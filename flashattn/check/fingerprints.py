@@ -1,0 +1,132 @@
+"""Fingerprints: known wrong computations, run in float64 on the case's own inputs.
+
+When a learner's output equals one of these exactly (to rounding), the mistake is known: dS
+without its "- delta", P rebuilt from unscaled scores or with exp2, only the last block's
+share kept, two gradients swapped. Each entry maps a fingerprint name to the outputs that
+mistake would produce; ``matching`` returns the names whose outputs the learner's match (with
+the other outputs right).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference import causal_mask, repeat_kv, sum_groups
+from ..verify import per_head_relative_error
+from .battery import BLOCKS, Case, Inputs
+
+
+def _matches(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
+    if actual is None or actual.shape != expected.shape or not bool(torch.isfinite(actual).all()):
+        return False
+    a, e = actual, expected.to("cpu", torch.float64)
+    if a.dim() < 3:
+        a, e = a.reshape(1, 1, -1), e.reshape(1, 1, -1)
+    return float(per_head_relative_error(a, e).max()) <= max(tol, 1e-6) * 10
+
+
+def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor) -> dict:
+    """dQ, dK, dV of the backward formulas with a (wrong) P put in, the rest right."""
+    ref = x.ref
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    k_full = repeat_kv(x.k.to(torch.float64), H)
+    dS = P * (ref.dP - ref.delta[..., None])
+    return {"dQ": dS @ k_full * s,
+            "dK": sum_groups(dS.transpose(-1, -2) @ q, Hk) * s,
+            "dV": sum_groups(P.transpose(-1, -2) @ ref.dO, Hk)}
+
+
+def _mask(case: Case, P: torch.Tensor) -> torch.Tensor:
+    if not case.causal:
+        return P
+    return P.masked_fill(~causal_mask(case.S_q, case.S_k, P.device), 0.0)
+
+
+def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
+    """name -> {output name: tensor} for the backward checkers (backward, dq, dkdv, autograd)."""
+    ref = x.ref
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    k_full = repeat_kv(x.k.to(torch.float64), H)
+    out = {}
+    ds = ref.P * ref.dP                                          # "- delta" forgotten
+    out["no_delta"] = {"dQ": ds @ k_full * s, "dK": sum_groups(ds.transpose(-1, -2) @ q, Hk) * s}
+    raw = q @ k_full.transpose(-1, -2)                            # the scores without the scale
+    lse = ref.LSE[..., None]
+    out["unscaled_s:rebuilt"] = _grads_from_p(case, x, _mask(case, torch.exp(raw - lse)))
+    masked = raw.masked_fill(~causal_mask(case.S_q, case.S_k, raw.device), float("-inf")) if case.causal else raw
+    out["unscaled_s:softmax"] = _grads_from_p(case, x, torch.softmax(masked, dim=-1))
+    out["exp2"] = _grads_from_p(case, x, torch.exp2(ref.S - lse))       # exp2(-inf) = 0 keeps the mask
+    names = ("dQ", "dK", "dV")
+    refs = {"dQ": ref.dQ, "dK": ref.dK, "dV": ref.dV}
+    for a in names:
+        for b in names:
+            if a < b and refs[a].shape == refs[b].shape:
+                out[f"swapped:{a}{b}"] = {a: refs[b], b: refs[a]}
+    if kind in ("dkdv", "dq"):
+        for block in BLOCKS:
+            out[f"last_block_{block}"] = _last_block(case, x, kind, block)
+    return out
+
+
+def _last_block(case: Case, x: Inputs, kind: str, block: int) -> dict:
+    """The outputs if each program kept only the share of the last block its loop visited."""
+    ref = x.ref
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    k_full = repeat_kv(x.k.to(torch.float64), H)
+    if kind == "dkdv":                     # a key-block program loops over the query blocks
+        lo = (case.S_q - 1) // block * block
+        P, dS = ref.P[..., lo:, :], ref.dS[..., lo:, :]
+        return {"dK": sum_groups(dS.transpose(-1, -2) @ q[..., lo:, :], Hk) * s,
+                "dV": sum_groups(P.transpose(-1, -2) @ ref.dO[..., lo:, :], Hk)}
+    dq = torch.zeros_like(ref.dQ)          # a query-block program loops over the key blocks
+    for m0 in range(0, case.S_q, block):
+        end = min(case.S_k, m0 + block) if case.causal else case.S_k
+        lo = (end - 1) // block * block
+        rows = slice(m0, m0 + block)
+        dq[..., rows, :] = ref.dS[..., rows, lo:end] @ k_full[..., lo:end, :] * s
+    return {"dQ": dq}
+
+
+def matching(variants: dict, tensors: dict, tol: float) -> set:
+    """Fingerprint names (the part before ':') that explain every wrong output: each wrong
+    output equals what that mistake computes (the right ones may or may not be touched by it)."""
+    wrong = [n for n, t in tensors.items() if not t.ok]
+    found = set()
+    if not wrong:
+        return found
+    for name, outs in variants.items():
+        if all(n in outs and _matches(tensors[n].actual, outs[n], tol) for n in wrong):
+            found.add(name.split(":")[0])
+    return found
+
+
+def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
+    """The classic mistakes of the lazy-attention backward, for the heads of one batch element
+    (q, k, v, do ``[H, L, D]``, bias ``[H, W+1]``, tau ``[H]``; ``f``: the explicit formulas of
+    ``lazy.reference.lazy_backward_formulas`` for them, batch dimension dropped)."""
+    from ..lazy.reference import diagonal_sums
+
+    L = q.shape[-2]
+    W = bias.shape[-1] - 1
+    i = torch.arange(L)
+    inv = 1.0 / (i + 1).double()
+    causal = i[None, :] <= i[:, None]
+    P, dP, dA, gate, dS = f["P"], f["dP"], f["dA"], f["gate"], f["dS"]
+    dS_wrong_delta = P * (dP - f["delta_wrong"][..., None])
+    dP_no_gate = dA * causal
+    dS_no_gate = P * (dP_no_gate - (P * dP_no_gate).sum(-1, keepdim=True))
+    return {
+        "lazy_delta": {"dQ": dS_wrong_delta @ k * scale, "dK": dS_wrong_delta.transpose(-1, -2) @ q * scale,
+                       "dBias": diagonal_sums(dS_wrong_delta, W)},
+        "lazy_gate": {"dQ": dS_no_gate @ k * scale, "dK": dS_no_gate.transpose(-1, -2) @ q * scale,
+                      "dBias": diagonal_sums(dS_no_gate, W), "dTau": (dP_no_gate.sum(-1) * inv).sum(-1)},
+        "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
+        "lazy_dk_transpose": {"dK": dS @ q * scale},
+        "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
+        "lazy_dbias_diagonals": {"dBias": diagonal_sums(dS.transpose(-1, -2), W)},
+        "lazy_dtau_count": {"dTau": (dA * gate).sum((-2, -1))},
+        "lazy_dtau_gate": {"dTau": ((dA * causal).sum(-1) * inv).sum(-1)},
+        "lazy_dtau_causal": {"dTau": (dA.sum(-1) * inv).sum(-1)},
+    }

@@ -1,0 +1,189 @@
+"""Where the code under test came from: a notebook cell, a file (which one?), an installed copy.
+
+Editing a copy that Python does not import is a classic way to lose an afternoon (the lab's
+bug 2): the checkers say where your function and the kernels it launches were defined, and
+warn about a same-named file elsewhere in the project, a file changed since it was imported, or
+an installed copy shadowing your checkout. Paths are shown relative to the project (or the
+working directory), never as this machine's absolute paths.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+def _unwrap(fn):
+    for _ in range(5):
+        if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
+            fn = fn.backward
+        elif hasattr(fn, "func") and not hasattr(fn, "__code__"):      # functools.partial
+            fn = fn.func
+        elif hasattr(fn, "__func__"):                                  # bound method
+            fn = fn.__func__
+        elif _is_kernel(fn):
+            fn = fn.fn
+        elif hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        else:
+            break
+    return fn
+
+
+def _is_kernel(obj) -> bool:
+    return (hasattr(obj, "fn") and callable(getattr(obj, "fn")) and hasattr(obj, "__getitem__")
+            and hasattr(obj, "run"))
+
+
+def _kernels_used(fn) -> list:
+    fn = _unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    glb = getattr(fn, "__globals__", {})
+    out = []
+    names = set(code.co_names)
+    for const in code.co_consts:             # nested functions (a launcher's run(cfg) closure)
+        if inspect.iscode(const):
+            names |= set(const.co_names)
+    for name in sorted(names):
+        obj = glb.get(name)
+        if _is_kernel(obj):
+            out.append((name, obj))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            obj = cell.cell_contents
+        except ValueError:          # an empty cell
+            continue
+        if _is_kernel(obj):
+            out.append((name, obj))
+    return out
+
+
+def _in_notebook(path: str) -> bool:
+    return ("ipykernel_" in path or path.startswith("<ipython-input") or
+            (path.startswith("<") and path.endswith(">")))
+
+
+def _project_root(start: Path) -> Path:
+    for p in [start, *start.parents]:
+        if (p / ".git").exists() or (p / "pyproject.toml").exists() or (p / "setup.py").exists():
+            return p
+    return start
+
+
+def _same_name_elsewhere(path: Path, limit: int = 4000) -> list:
+    """Other files named like ``path`` in the project around the working directory and in the
+    project the file itself belongs to."""
+    roots = []
+    for start in (Path.cwd().resolve(), path.resolve().parent):
+        root = _project_root(start)
+        if root not in roots:
+            roots.append(root)
+    skip = {".git", ".venv", "venv", "node_modules", "__pycache__", "site-packages",
+            ".ipynb_checkpoints", ".pytest_cache", "build", "dist"}
+    found, seen = [], 0
+    target = path.name
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d not in skip and not d.startswith(".")]
+            if dirpath[len(str(root)):].count(os.sep) >= 4:
+                dirnames[:] = []
+            seen += len(filenames)
+            if target in filenames:
+                p = (Path(dirpath) / target).resolve()
+                if p != path.resolve() and p not in found:
+                    found.append(p)
+            if seen > limit:
+                break
+    return found
+
+
+def _code_matches(code, fresh) -> bool:
+    if code.co_code != fresh.co_code or code.co_names != fresh.co_names:
+        return False
+    a = [c for c in code.co_consts if not inspect.iscode(c)]
+    b = [c for c in fresh.co_consts if not inspect.iscode(c)]
+    return a == b
+
+
+def _stale(fn, path: Path, kernel=None) -> bool:
+    """True if the file on disk no longer holds the code that is running."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return False
+    if kernel is not None and hasattr(kernel, "src"):
+        return kernel.src.strip() not in text
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    try:
+        module_code = compile(text, str(path), "exec")
+    except SyntaxError:
+        return True
+    stack = [module_code]
+    while stack:
+        c = stack.pop()
+        if c.co_name == code.co_name and _code_matches(code, c):
+            return False
+        stack += [k for k in c.co_consts if inspect.iscode(k)]
+    return True
+
+
+def shown_path(path) -> str:
+    """``path`` as a reader should see it: relative to the working directory or to the project
+    it belongs to, with a ``~`` for the home directory, else just its name."""
+    p = Path(path).resolve()
+    for base in (Path.cwd().resolve(), _project_root(p.parent)):
+        for root in (base, base.parent):
+            try:
+                return p.relative_to(root).as_posix()
+            except ValueError:
+                continue
+    try:
+        return "~/" + p.relative_to(Path.home().resolve()).as_posix()
+    except (ValueError, RuntimeError):
+        return p.name
+
+
+def describe_origin(fn, role: str = "your function") -> tuple[list, list]:
+    """Lines saying where ``fn`` (and the Triton kernels it launches) came from, and warnings
+    when that is probably not the copy you are editing."""
+    lines, warnings = [], []
+    items = [(role, fn, None)] + [("kernel", k.fn, k) for _, k in _kernels_used(fn)]
+    pkg_dir = Path(__file__).resolve().parent.parent          # flashattn/
+    for label, f, kernel in items:
+        f = _unwrap(f)
+        name = getattr(f, "__qualname__", getattr(f, "__name__", repr(f)))
+        try:
+            path = inspect.getsourcefile(f) or f.__code__.co_filename
+        except (TypeError, AttributeError):
+            lines.append(f"{label} `{name}`: defined in C or unknown")
+            continue
+        if _in_notebook(path):
+            lines.append(f"{label} `{name}`: defined in a notebook cell (edited it? re-run that cell first)")
+            continue
+        p = Path(path).resolve()
+        mod = sys.modules.get(getattr(f, "__module__", ""), None)
+        mod_file = getattr(mod, "__file__", None)
+        lines.append(f"{label} `{name}`: from {shown_path(p)}" +
+                     (f" (module {f.__module__})" if mod_file else ""))
+        if pkg_dir in p.parents:
+            warnings.append(f"{label} `{name}` is flashattn's own implementation ({p.name}), not yours.")
+            continue
+        if "site-packages" in p.parts or "dist-packages" in p.parts:
+            warnings.append(f"{label} `{name}` comes from an installed copy ({shown_path(p)}): edits to "
+                            "your checkout will not be seen (pip install -e . installs it editable).")
+        if _stale(f, p, kernel):
+            warnings.append(f"{shown_path(p)} has changed since it was imported: the code running is the old "
+                            "one. Restart the kernel or importlib.reload() the module "
+                            f"({getattr(f, '__module__', '?')}), then re-run.")
+        others = _same_name_elsewhere(p)
+        if others:
+            listed = ", ".join(shown_path(o) for o in others[:3])
+            warnings.append(f"another file named {p.name} exists: {listed}. Python imported {shown_path(p)} "
+                            "(print(module.__file__) to see it); make sure that is the one you edit.")
+    return lines, warnings

@@ -1,0 +1,246 @@
+"""Running the learner's code on the battery, and measuring what the diagnosis needs.
+
+Per case: run, compare every output with the float64 reference, run twice where the case says
+so (races), and for a failing case look closer -- which fingerprints its outputs match, and,
+if NaN was computed, which input's guard it came from (re-running with finite guards, then
+with one NaN guard at a time). Kernel checkers also count the kernels the launcher starts.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import traceback
+import warnings
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from .. import runtime
+from ..verify import tolerance
+from . import fingerprints
+from .battery import GUARDED, make_inputs
+from .diagnose import ShapeError, diagnose
+from .origin import describe_origin
+from .results import CaseResult, CheckResult, compare
+
+
+# --------------------------------------------------------------------------------------
+# did the launcher start a kernel?
+# --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def count_triton_launches():
+    """Yields a one-element list counting the Triton kernels launched inside the block."""
+    count = [0]
+    if runtime.INTERPRET:
+        from triton.runtime import interpreter
+
+        cls, attr = interpreter.GridExecutor, "__call__"
+    else:
+        from triton.runtime.jit import JITFunction
+
+        cls, attr = JITFunction, "run"
+    original = getattr(cls, attr)
+
+    def counting(self, *args, **kwargs):
+        if not kwargs.get("warmup", False):
+            count[0] += 1
+        return original(self, *args, **kwargs)
+
+    setattr(cls, attr, counting)
+    try:
+        yield count
+    finally:
+        setattr(cls, attr, original)
+
+
+_TORCH_KERNEL = re.compile(r"at::|at_cuda_detail|elementwise|vectorized|reduce_kernel|fill|copy|"
+                           r"cutlass|cublas|gemm|Memcpy|Memset", re.IGNORECASE)
+
+
+@contextlib.contextmanager
+def count_cuda_launches():
+    """Yields a one-element list that, after the block, counts the CUDA kernels launched in it
+    that are not PyTorch's own (a CUDA C++ extension's kernels)."""
+    count = [0]
+    if not torch.cuda.is_available():
+        yield count
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield count
+        torch.cuda.synchronize()
+    count[0] = sum(1 for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and not _TORCH_KERNEL.search(e.name))
+
+
+def launched(launch: Callable, kernel_language: str, *args) -> int:
+    """Call ``launch(*args)``; return how many kernels it started (Triton's, or for ``"cuda"``
+    CUDA kernels other than PyTorch's own)."""
+    counter = count_cuda_launches if kernel_language == "cuda" else count_triton_launches
+    with counter() as count:
+        launch(*args)
+    return count[0]
+
+
+# --------------------------------------------------------------------------------------
+# errors of the learner's code
+# --------------------------------------------------------------------------------------
+def kernel_not_written(launch) -> bool:
+    import inspect
+
+    from .origin import _kernels_used
+
+    for _, k in _kernels_used(launch):
+        try:
+            src = inspect.getsource(k.fn)
+        except (OSError, TypeError):
+            continue
+        if "raise NotImplementedError" in src:
+            return True
+    return False
+
+
+def _not_implemented(e: BaseException) -> bool:
+    """NotImplementedError, possibly wrapped by Triton's interpreter or compiler."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, NotImplementedError):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def where(exc: BaseException) -> str:
+    """'a notebook cell, line 12 -> the line': the innermost frame of the learner's own code (a
+    notebook cell, else a file outside this package and the installed libraries)."""
+    from .origin import _in_notebook, shown_path
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    pkg = Path(__file__).resolve().parent.parent
+
+    def theirs(f) -> bool:
+        p = Path(f.filename).resolve()
+        return not (pkg in p.parents or "site-packages" in p.parts or "dist-packages" in p.parts)
+
+    mine = [f for f in frames if _in_notebook(f.filename)] or [f for f in frames if theirs(f)]
+    if not mine:
+        return ""
+    f = mine[-1]
+    src = f" -> {f.line.strip()}" if f.line else ""
+    place = "a notebook cell" if _in_notebook(f.filename) else shown_path(f.filename)
+    return f"{place}, line {f.lineno}{src}"
+
+
+def _same_bits(a, b) -> bool:
+    return a.shape == b.shape and bool(torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))) \
+        and bool(torch.equal(torch.isnan(a), torch.isnan(b)))
+
+
+def swapped_outputs(outs: dict, expected: dict) -> Optional[tuple]:
+    """(got, wanted) if an output has the shape of another reference tensor and vice versa."""
+    for a, t in outs.items():
+        if not isinstance(t, torch.Tensor) or a not in expected or t.shape == expected[a].shape:
+            continue
+        for b, e in expected.items():
+            if b != a and t.shape == e.shape and isinstance(outs.get(b), torch.Tensor) \
+                    and outs[b].shape == expected[a].shape:
+                return a, b
+    return None
+
+
+@contextlib.contextmanager
+def _quiet_and_single_threaded():
+    """The battery's tensors are tiny: one CPU thread is faster than a pool (much faster when
+    the cores are shared). NaN in the guards makes NumPy (the interpreter) warn: not news."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------
+# the battery loop
+# --------------------------------------------------------------------------------------
+def _nan_origin(run_case, case, dtype, device, seed, with_do) -> Optional[list]:
+    """Which inputs' NaN guards, read by the code, made its output NaN (None: not a guard)."""
+    names = [n for n in GUARDED if with_do or n not in ("do", "delta")]
+
+    def has_nan(guards) -> bool:
+        x = make_inputs(case, dtype, device, seed, with_do, guards=guards)
+        try:
+            outs, _, _ = run_case(case, x)
+        except Exception:               # noqa: BLE001 -- only the NaN question matters here
+            return False
+        return any(isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+                   for t in outs.values())
+
+    if has_nan({n: 0.0 for n in names}):
+        return None
+    culprits = [n for n in names if has_nan({m: 0.0 for m in names if m != n})]
+    return culprits or None
+
+
+def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: str, dtype, seed: int,
+                with_do: bool, raise_on_fail: bool = True, show: bool = True,
+                role: str = "your function", precheck: Optional[Callable] = None,
+                variants: Optional[Callable] = None, make: Callable = make_inputs,
+                tol: Optional[float] = None) -> CheckResult:
+    origin, origin_warnings = describe_origin(fn, role)
+    device = runtime.default_device()
+    tol = tolerance(dtype) if tol is None else tol
+    results, nan_searches = [], 0
+    with _quiet_and_single_threaded():
+        not_written = precheck() if precheck else False
+        for case in cases:
+            res = CaseResult(case)
+            results.append(res)
+            if not_written:
+                res.error = NotImplementedError("kernel body not written")
+                break
+            x = make(case, dtype, device, seed, with_do)
+            try:
+                outs, expected, extra = run_case(case, x)
+                res.launches = extra.get("launches")
+                res.swapped = swapped_outputs(outs, expected)
+                if case.repeat:
+                    again, _, _ = run_case(case, x)
+                    changed = [n for n in outs if not _same_bits(outs[n], again[n])]
+                    res.nondeterministic = changed or None
+                for name, out in outs.items():
+                    try:
+                        res.tensors[name] = compare(name, out, expected[name], tol,
+                                                   extra.get("guard_touched", {}).get(name, 0))
+                    except (TypeError, ValueError) as e:
+                        raise ShapeError(str(e)) from None
+                if not res.ok and variants is not None:
+                    res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, tol)
+                if any(t.nan_computed for t in res.tensors.values()) and nan_searches < 2 and make is make_inputs:
+                    nan_searches += 1
+                    res.nan_from = _nan_origin(run_case, case, dtype, device, seed, with_do)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:          # noqa: BLE001 -- report any error of the learner's code
+                if _not_implemented(e):
+                    res.error = NotImplementedError(str(e))
+                    break                   # every other case would say the same
+                res.error = e
+                res.error_where = where(e)
+                res.swapped = getattr(e, "pair", None) or res.swapped
+    result = CheckResult(title, results, diagnose(results, kind), origin, origin_warnings)
+    if show:
+        if result.ok:
+            print("\n".join([result.pass_line()] + [f"  WARNING: {w}" for w in origin_warnings]))
+        else:
+            print(result.failure_text())
+        result._shown = True
+    if raise_on_fail and not result.ok:
+        raise AssertionError(result.assertion_message())
+    return result
