@@ -93,12 +93,17 @@ def attn_bwd_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_m = tl.program_id(0)          # which block of query rows
+    pid_bh = tl.program_id(1)         # which (batch, query head)
     b = pid_bh // H
     h = pid_bh % H
-    h_kv = h // GROUP_SIZE
+    h_kv = h // GROUP_SIZE            # GQA: GROUP_SIZE query heads share one K/V head
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = offs_m < S_q
+    d_ok = offs_d < HEAD_DIM
 
+    # This (batch, head) of every tensor, each with its own strides; 64-bit offsets.
     q_base = Q + b.to(tl.int64) * stride_q_b + h.to(tl.int64) * stride_q_h
     k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
     v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
@@ -106,11 +111,6 @@ def attn_bwd_dq_kernel(
     lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
     delta_base = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h
     dq_base = DQ + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < S_q
-    d_ok = offs_d < HEAD_DIM
 
     # Everything that depends only on this block of rows is loaded once, outside the loop.
     q = tl.load(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d,
@@ -201,7 +201,6 @@ def attn_bwd_dkdv_kernel(
     pid_bh = tl.program_id(1)         # which (batch, key/value head)
     b = pid_bh // H_KV
     h_kv = pid_bh % H_KV
-
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     col_ok = offs_n < S_k

@@ -57,7 +57,7 @@ def test_backward_dtypes(dtype, causal):
 @pytest.mark.parametrize("do_layout", ["bshd", "sliced", "padded_heads", "stride0"])
 def test_backward_do_with_its_own_strides(do_layout):
     """dO's strides differ from Q's: a kernel offsetting dO with Q's head stride gets heads > 0
-    wrong (shared/seeds/004). Every head is checked on its own."""
+    wrong (the lazy-attention log of the bug-hunt lab). Every head is checked on its own."""
     causal = True
     B, H, S, D = 2, 4, 33, 32
     q, k, v = rand(B, H, S, D), rand(B, H, S, D, layout="bshd"), rand(B, H, S, D)

@@ -266,7 +266,7 @@ def test_origin_names_the_file_and_warns_about_a_twin(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text("")
     (tmp_path / "pkg").mkdir()
     imported = tmp_path / "pkg" / "mybackward.py"
-    twin = tmp_path / "mybackward.py"          # the copy someone "fixed" (story 004)
+    twin = tmp_path / "mybackward.py"          # the copy someone "fixed" (lab 08, bug 2)
     imported.write_text(MODULE_SRC)
     twin.write_text(MODULE_SRC.replace("raise NotImplementedError()", "return q, k, v"))
     monkeypatch.chdir(tmp_path)

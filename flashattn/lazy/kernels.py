@@ -24,8 +24,8 @@ The kernels, each with its launcher right below it:
 bias and tau are shared by every batch element and position, so their gradients are sums over
 the whole grid. Here that is a two-stage reduction: every program writes partial sums to its
 own slots of a buffer, and the launcher adds the buffer up (deterministic: no atomics, the
-same bits on every run). Every tensor is indexed with its own strides (shared/seeds/004: dO
-offset with Q's head stride gave heads 1..H-1 no bias or tau gradient).
+same bits on every run). Every tensor is indexed with its own strides (the lazy-attention log retold in the bug-hunt lab:
+dO offset with Q's head stride gave heads 1..H-1 no bias or tau gradient).
 
 Memory: no L x L matrix, in the forward or the backward. Saved for the backward: q, k, v,
 bias, tau and LSE. The dBias partials hold one number per (batch, head, query block,
