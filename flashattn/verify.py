@@ -55,12 +55,17 @@ class Comparison:
         return "ok" if self.ok else "FAIL"
 
 
-def per_head_relative_error(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """``[B, H]`` relative errors for tensors shaped ``[B, H, ...]``."""
+def per_head_relative_error(actual: torch.Tensor, expected: torch.Tensor, *, head_dims: int = 2,
+                            floor: float = 0.0) -> torch.Tensor:
+    """Relative error ``||a - e|| / ||e||`` of every head: ``[B, H]`` for tensors shaped
+    ``[B, H, ...]``; with ``head_dims=1``, ``[H]`` for per-head parameters shaped ``[H, ...]``
+    (or ``[H]``). ``floor`` bounds the denominator from below (a head whose reference is ~0)."""
     a, e = actual.double(), expected.double()
-    err = (a - e).flatten(2).norm(dim=-1)
-    ref = e.flatten(2).norm(dim=-1)
-    return err / ref.clamp_min(torch.finfo(torch.float64).tiny)
+    if a.dim() == head_dims:
+        a, e = a.unsqueeze(-1), e.unsqueeze(-1)
+    err = (a - e).flatten(head_dims).norm(dim=-1)
+    ref = e.flatten(head_dims).norm(dim=-1)
+    return err / ref.clamp_min(max(floor, torch.finfo(torch.float64).tiny))
 
 
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, *,
@@ -142,9 +147,11 @@ def grads(fn, q, k, v, do):
     return out.detach(), torch.autograd.grad(out, leaves, do)
 
 
-def sdpa_grads(q, k, v, do, *, causal: bool = False, scale: Optional[float] = None):
-    """``(out, (dq, dk, dv))`` of PyTorch's SDPA (GQA handled by :func:`sdpa`)."""
-    return grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale), q, k, v, do)
+def sdpa_grads(q, k, v, do, causal: bool = False, scale: Optional[float] = None):
+    """``(out, dq, dk, dv)`` of PyTorch's SDPA for the output gradient ``do`` (GQA handled by
+    :func:`sdpa`; q, k, v themselves are not touched)."""
+    out, (dq, dk, dv) = grads(lambda a, b, c: sdpa(a, b, c, causal=causal, scale=scale), q, k, v, do)
+    return out, dq, dk, dv
 
 
 def verify_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
@@ -164,7 +171,7 @@ def verify_attention(q, k, v, *, causal: bool = False, scale: Optional[float] = 
                               q, k, v, do)
     kernel_dtype = runtime.compute_dtype(q.dtype, q.device)
     if against == "sdpa":
-        ref_out, (rq, rk, rv) = sdpa_grads(q, k, v, do, causal=causal, scale=scale)
+        ref_out, rq, rk, rv = sdpa_grads(q, k, v, do, causal=causal, scale=scale)
         title = f"flashattn vs SDPA ({q.dtype}, causal={causal})"
         ref_lse = None
     else:

@@ -25,7 +25,7 @@ import torch
 from .. import runtime
 from ..bench import DTYPES, environment, median_ms
 from .kernels import lazy_attention
-from .reference import lazy_attention_reference
+from .reference import lazy_attention_reference, random_inputs
 
 def providers() -> dict[str, Callable]:
     def pytorch(q, k, v, bias, tau):
@@ -35,10 +35,9 @@ def providers() -> dict[str, Callable]:
 
 
 def make_inputs(B, H, L, D, W, dtype, device, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    q, k, v, do = (torch.randn(B, H, L, D, generator=g).to(device, dtype) for _ in range(4))
-    bias = (0.5 * torch.randn(H, W + 1, generator=g)).to(device)
-    tau = torch.linspace(-1.0, 1.0, H).to(device)          # fp32 parameters, like a trained model
+    q, k, v, do, bias, tau = random_inputs(B, H, L, D, W, dtype=dtype, device=device,
+                                           taus=torch.linspace(-1.0, 1.0, H),
+                                           generator=torch.Generator().manual_seed(seed))
     leaves = [t.requires_grad_(True) for t in (q, k, v, bias, tau)]
     return leaves, do
 

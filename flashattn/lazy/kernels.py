@@ -86,7 +86,7 @@ def lazy_configs(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.d
 # shared by the kernels: the distance bias of one tile
 # --------------------------------------------------------------------------------------
 @triton.jit
-def _lazy_bias_tile(i, j, visible, W, bias_base, stride_bias_w):
+def lazy_bias_tile(i, j, visible, W, bias_base, stride_bias_w):
     """b[i, j] = bias[h, i - j] where 0 <= i - j <= W (and visible), else 0. ``i``, ``j``: the
     query and key positions, broadcast to the tile's shape (either orientation)."""
     d = i - j
@@ -145,7 +145,7 @@ def lazy_fwd_kernel(
         # Padded rows (>= L) keep seeing key 0, so their statistics stay finite.
         visible = col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None])
         if start_m - (start_n + BLOCK_N - 1) <= W:         # the tile reaches into the window
-            s += _lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
+            s += lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
                                  bias_base, stride_bias_w).to(acc_dtype)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -165,7 +165,7 @@ def lazy_fwd_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION).to(acc_dtype) * scale
         visible = col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None])
         if start_m - (start_n + BLOCK_N - 1) <= W:
-            s += _lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
+            s += lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
                                  bias_base, stride_bias_w).to(acc_dtype)
         p = tl.exp(s - lse[:, None])
         a = tl.where(visible, tl.maximum(p + shift[:, None], 0.0), 0.0)   # tau/(i+1) on j <= i only
@@ -260,7 +260,7 @@ def lazy_bwd_preprocess_kernel(
         # Padded rows (>= L) must add nothing to delta or dTau: they are not visible.
         visible = row_ok[:, None] & col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None])
         if start_m - (start_n + BLOCK_N - 1) <= W:
-            s += _lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
+            s += lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
                                  bias_base, stride_bias_w).to(acc_dtype)
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
         da = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(acc_dtype)   # dA = dO V^T
@@ -381,7 +381,7 @@ def lazy_bwd_dq_kernel(
         visible = row_ok[:, None] & col_ok[None, :] & (offs_n[None, :] <= offs_m[:, None])
         in_window = kk * BLOCK - (BLOCK - 1) <= W  # the smallest distance in the tile is <= W
         if in_window:
-            s += _lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
+            s += lazy_bias_tile(offs_m[:, None], offs_n[None, :], visible, W,
                                  bias_base, stride_bias_w).to(acc_dtype)
         p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
         da = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION).to(acc_dtype)
@@ -512,7 +512,7 @@ def lazy_bwd_dkdv_kernel(
         # padded query rows (>= L) must give P = 0, or they pollute every row of dK and dV
         visible = row_ok[None, :] & col_ok[:, None] & (offs_n[:, None] <= offs_m[None, :])
         if start_m - (start_n + BLOCK_N - 1) <= W:
-            sT += _lazy_bias_tile(offs_m[None, :], offs_n[:, None], visible, W,
+            sT += lazy_bias_tile(offs_m[None, :], offs_n[:, None], visible, W,
                                   bias_base, stride_bias_w).to(acc_dtype)
         pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)
         aT = tl.where(visible, tl.maximum(pT + shift[None, :], 0.0), 0.0)

@@ -67,6 +67,22 @@ class LazyParts:
                                         for f in fields(self)) + ")"
 
 
+def random_inputs(B: int, H: int, L: int, D: int, W: int, *, dtype=torch.float32, device="cpu",
+                  taus=None, q_layout: str = "contiguous", generator: Optional[torch.Generator] = None):
+    """Random inputs of lazy attention: ``(q, k, v, do, bias, tau)``, q, k, v, do ``[B, H, L, D]``
+    in ``dtype``; bias ``[H, W+1]`` and tau ``[H]`` in fp32, like a trained model's parameters
+    (``taus`` default: evenly from -0.8 to 0.8). ``q_layout="bshd"``: q as a projection gives
+    it, ``[B, L, H, D]`` viewed as ``[B, H, L, D]`` (a head stride unlike dO's)."""
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
+
+    q = randn(B, L, H, D).transpose(1, 2) if q_layout == "bshd" else randn(B, H, L, D)
+    k, v, do = randn(B, H, L, D), randn(B, H, L, D), randn(B, H, L, D)
+    bias = (0.5 * torch.randn(H, W + 1, generator=generator)).to(device)
+    tau = torch.linspace(-0.8, 0.8, H) if taus is None else torch.as_tensor(taus, dtype=torch.float32)
+    return q, k, v, do, bias, tau.to(device)
+
+
 def lazy_attention_reference(q, k, v, bias, tau, *, scale: Optional[float] = None,
                              dtype: Optional[torch.dtype] = torch.float64,
                              return_parts: bool = False):
