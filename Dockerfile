@@ -5,7 +5,7 @@
 #   docker build -t flashattn-course .
 #   docker run --rm -it -p 8888:8888 flashattn-course      # JupyterLab: open the
 #                                                           # http://127.0.0.1:8888/lab?token=... line it prints
-#   docker run --rm flashattn-course pytest                 # the whole test suite (about 6 min on 2 cores)
+#   docker run --rm flashattn-course pytest                 # the tests (about 3 min on 2 cores)
 #
 # Apple Silicon should build natively (linux/arm64): PyPI has triton 3.7.1 for manylinux_2_28_aarch64
 # and PyTorch's CPU index carries aarch64 wheels. Failing that: docker build --platform linux/amd64.
@@ -20,9 +20,9 @@ ARG TORCH_SPEC=torch==2.13.0
 # The CPU build of torch pins no Triton (pip would take the newest); this is the one that
 # torch 2.13.0's PyPI build pins, i.e. what a Linux learner gets from the README's command.
 ARG TRITON_SPEC=triton==3.7.1
-# Extras of pyproject.toml to install, comma-separated; empty means every extra it declares
-# (today course and test), so a renamed or added extra needs no change here.
-ARG EXTRAS=
+# Extras of pyproject.toml to install, comma-separated: the learner's (course) and the tests'.
+# Not `instructor`: nbgrader's menus in a learner's JupyterLab only confuse (INSTRUCTORS.md).
+ARG EXTRAS=course,test
 # Debian packages to add, e.g. git (the dev container asks for it); none by default.
 ARG APT_PACKAGES=
 
@@ -52,12 +52,12 @@ RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "$TORCH_SPEC" \
 
 COPY --chown=learner:learner . /course
 
-RUN extras="${EXTRAS:-$(python3 -c 'import tomllib; print(",".join(tomllib.load(open("pyproject.toml", "rb"))["project"].get("optional-dependencies", {})))')}" \
- && echo "installing the package with extras [$extras]" \
- && pip install --no-cache-dir -e ".[$extras]" "$TRITON_SPEC" \
+RUN echo "installing the package with extras [$EXTRAS]" \
+ && pip install --no-cache-dir -e ".[$EXTRAS]" "$TRITON_SPEC" \
  && python3 -c "import flashattn, jupyterlab, pytest, xdist, nbval, torch, triton; print('torch', torch.__version__, '| triton', triton.__version__, '| interpreter:', flashattn.runtime.INTERPRET)"
 
 EXPOSE 8888
-# JupyterLab at the repository's root, reachable from the host through `-p 8888:8888`. It prints
-# a URL with a fresh token; `-e JUPYTER_TOKEN=<something>` fixes the token instead.
-CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser"]
+# JupyterLab at the repository's root, on the first lesson, reachable from the host through
+# `-p 8888:8888`. It prints a URL with a fresh token; `-e JUPYTER_TOKEN=<something>` fixes it.
+CMD ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser", \
+     "--LabApp.default_url=/lab/tree/notebooks/01_matrix_gradients.ipynb"]

@@ -7,7 +7,8 @@
 Times are medians of many runs (``triton.testing.do_bench`` on a GPU, which also flushes the
 L2 cache between runs). FLOPs are counted as the course's anchors count them:
 forward 4*B*H*S_q*S_k*D, backward 2.5x the forward, causal half of either. Results go to a
-JSON file (device, versions, date, every number) and a PNG plot.
+JSON file (device, versions, date, every number) and a PNG plot in runs/ (git ignores it);
+``--out results`` replaces the committed results.
 """
 from __future__ import annotations
 
@@ -299,7 +300,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tokens", type=int, default=16384, help="B * S, kept fixed across S")
     ap.add_argument("--hidden", type=int, default=2048, help="H * D, kept fixed across D")
     ap.add_argument("--rep-ms", type=int, default=100, help="time budget per measurement (ms)")
-    ap.add_argument("--out", default="results", help="folder for the JSON and PNG")
+    ap.add_argument("--out", default="runs", help="folder for the JSON and PNG (default: runs/, which git "
+                    "ignores; --out results replaces the committed results)")
     ap.add_argument("--name", default=None, help="file stem (default: bench_<device>)")
     ap.add_argument("--quick", action="store_true",
                     help="a tiny grid that runs anywhere, the CPU interpreter included")

@@ -156,6 +156,9 @@ _ENTRIES = [
        "count the tiles a program visits instead of computing (lesson 03's figure check)", "notebooks/03"),
     _p("dq.do_head_stride", _DQ, [DO_WITH_Q_HEAD_STRIDE], "dO offset with Q's head stride",
        "notebooks/03", _TESTS),
+    _p("dq.no_do_head_offset", _DQ, [Edit("do_base = DO + b.to(tl.int64) * stride_do_b + h.to(tl.int64) * stride_do_h",
+                                          "do_base = DO + b.to(tl.int64) * stride_do_b")],
+       "dO's pointer never moved to its head: every head reads head 0's dO", _TESTS),
     _p("dq.no_causal_element_mask", _DQ, [Edit("visible = visible & (offs_n[None, :] <= offs_m[:, None])", "visible = visible")],
        "the diagonal tiles without the element-wise causal mask", "notebooks/03"),
     _p("dq.short_causal_loop", _DQ, [Edit("kv_end = tl.minimum(S_k, (pid_m + 1) * BLOCK_M)", "kv_end = tl.minimum(S_k, pid_m * BLOCK_M)")],
@@ -224,14 +227,14 @@ _ENTRIES = [
       for k in ("lazy_bwd_preprocess_kernel", "lazy_bwd_dq_kernel", "lazy_bwd_dkdv_kernel")],
     # ---- ablations of the fast kernels (bench.py, notebook 06) -------------------------
     _p("fast.fwd.every_tile_masked", ("flashattn.fast.forward", "fast_fwd_kernel"),
-       [Edit("0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")],
+       [Edit("d_ok, 0, unmasked_end, S_k, qk_scale, False", "d_ok, 0, unmasked_end, S_k, qk_scale, True")],
        "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
     _p("fast.dq.every_tile_masked", ("flashattn.fast.backward", "fast_dq_kernel"),
-       [Edit("0, unmasked_end, S_k, qk_scale, False", "0, unmasked_end, S_k, qk_scale, True")],
+       [Edit("d_ok, 0, unmasked_end, S_k, qk_scale, False", "d_ok, 0, unmasked_end, S_k, qk_scale, True")],
        "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
     _p("fast.dkdv.every_tile_masked", ("flashattn.fast.backward", "fast_dkdv_kernel"),
-       [Edit("offs_n, offs_d, first_free, S_q, S_q, qk_scale, scale,\n                             False,",
-             "offs_n, offs_d, first_free, S_q, S_q, qk_scale, scale,\n                             True,")],
+       [Edit("offs_n, offs_d, d_ok, first_free, S_q, S_q, qk_scale, scale,\n                             False,",
+             "offs_n, offs_d, d_ok, first_free, S_q, S_q, qk_scale, scale,\n                             True,")],
        "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
 ]
 

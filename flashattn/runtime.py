@@ -171,6 +171,28 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+#: ``input_precision`` of the fast kernels' fp32 products when torch's TF32 switch is off:
+#: "tf32x3" (three TF32 products per product: fp32's accuracy on the tensor cores) unless
+#: FLASHATTN_FP32_PRECISION says "ieee" (exact fp32 products, on the CUDA cores: slow).
+FP32_PRECISIONS = ("tf32x3", "ieee")
+
+
+def fast_dot_precision(dtype: torch.dtype) -> str:
+    """``input_precision`` of the fast kernels' ``tl.dot``. fp16/bf16: ignored. fp32: TF32 only
+    when torch's own switch allows it (``torch.backends.cuda.matmul.allow_tf32``, i.e.
+    ``torch.set_float32_matmul_precision("high")`` or ``"medium"``), as for torch's matmuls;
+    otherwise fp32's accuracy ("tf32x3", or "ieee" with ``FLASHATTN_FP32_PRECISION=ieee``).
+    The interpreter multiplies exactly whatever this says."""
+    if dtype != torch.float32 or INTERPRET:
+        return "ieee" if INTERPRET else "tf32"
+    if torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    choice = os.environ.get("FLASHATTN_FP32_PRECISION", "tf32x3").strip().lower()
+    if choice not in FP32_PRECISIONS:
+        raise ValueError(f"FLASHATTN_FP32_PRECISION must be one of {FP32_PRECISIONS}, got {choice!r}")
+    return choice
+
+
 def head_dim_block(head_dim: int) -> int:
     """Head dims are padded to a power of two (at least 16, the smallest ``tl.dot``) and the
     padding is masked in every load and store."""

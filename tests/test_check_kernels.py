@@ -64,13 +64,14 @@ def launch_dkdv_direct(q, k, v, do, lse, delta, dk, dv, causal, scale):
 #: catalog entry (flashattn.planted.CATALOG) -> the diagnosis it must get, and a phrase the
 #: evidence must contain. Every diagnosis a kernel can get is proven here by a planted bug.
 DQ_BUGS = {
-    "dq.do_head_stride": ("heads", "(0,0) ok"),
+    "dq.do_head_stride": ("stride", "dO's head stride differs from Q's"),
+    "dq.no_do_head_offset": ("heads", "(0,0) ok"),
     "dq.no_causal_element_mask": ("causal", "exactly the causal cases"),
     "dq.short_causal_loop": ("causal", "exactly the causal cases"),
     "dq.causal_mask_on_S_with_0": ("causal", "exactly the causal cases"),
-    "dq.row_mask_uses_S_k": ("unwritten", "never written in 'S_q > S_k'"),
+    "dq.row_mask_uses_S_k": ("read_past_end", "past the end of Q, dO, LSE, delta"),
     "dq.no_scale": ("scale", "yours / reference"),
-    "dq.keys_unmasked": ("read_past_end", "K, V"),
+    "dq.keys_unmasked": ("read_past_end", "past the end of K, V in"),
     "dq.partial_key_block_skipped": ("padding", "not a multiple of 32"),
     "dq.no_delta": ("delta", "match that computation"),
     "dq.exp2": ("lse", "match that computation"),
@@ -81,13 +82,13 @@ DQ_BUGS = {
 }
 
 DKDV_BUGS = {
-    "dkdv.do_head_stride": ("heads", "(0,0) ok"),
+    "dkdv.do_head_stride": ("stride", "dO's head stride differs from Q's"),
     "dkdv.causal_mask_on_S_with_0": ("causal", "exactly the causal cases"),
     "dkdv.scale_twice": ("scale", "dV right in every case"),
-    "dkdv.do_rows_unmasked": ("read_past_end", "around dO,"),
-    "dkdv.q_rows_unmasked": ("read_past_end", "around Q,"),
-    "dkdv.rows_unmasked": ("read_past_end", "Q, dO"),
-    "dkdv.lse_unmasked": ("read_past_end", "around LSE,"),
+    "dkdv.do_rows_unmasked": ("read_past_end", "past the end of dO in"),
+    "dkdv.q_rows_unmasked": ("read_past_end", "past the end of Q in"),
+    "dkdv.rows_unmasked": ("read_past_end", "past the end of Q, dO in"),
+    "dkdv.lse_unmasked": ("read_past_end", "past the end of LSE in"),
     "dkdv.no_delta": ("delta", "dV right in every case"),
     "dkdv.exp2": ("lse", "match that computation"),
     "dkdv.unscaled_scores": ("scale_in_scores", "match that computation"),

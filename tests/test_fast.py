@@ -1,6 +1,7 @@
 """The tuned path (flashattn.fast) against the float64 reference: the same battery as the
 teaching kernels. On the CPU the fast kernels run in the interpreter with small fixed tiles
-(fp16/fp32); on a GPU they are autotuned and run fp16/bf16 at realistic sizes."""
+(fp16/fp32); on a GPU with their default tiles in fp16/bf16/fp32 at realistic sizes, every head
+dim that is a multiple of 8 (padded ones too)."""
 import pytest
 import torch
 
@@ -9,7 +10,7 @@ from flashattn import fast
 
 from conftest import ON_GPU, TOL, assert_close_per_head, rand, reference
 
-FAST_DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float32, torch.float16]
+FAST_DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_GPU else [torch.float32, torch.float16]
 
 SHAPES = [  # (B, H, H_kv, S_q, S_k, D)
     (2, 4, 2, 37, 53, 32),
@@ -18,9 +19,13 @@ SHAPES = [  # (B, H, H_kv, S_q, S_k, D)
     (1, 3, 3, 1, 5, 16),
     (1, 2, 2, 45, 100, 16),
     (1, 2, 1, 33, 33, 128),
+    (1, 2, 1, 29, 40, 24),       # head dims that are not powers of two: padded, masked
+    (1, 2, 2, 40, 29, 80),
 ]
 if ON_GPU:
-    SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 777, 1500, 128), (1, 2, 2, 300, 300, 256)]
+    SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 777, 1500, 128), (1, 2, 2, 300, 300, 256),
+               (2, 4, 2, 1000, 900, 96), (1, 4, 1, 513, 1025, 80), (1, 2, 2, 300, 257, 160),
+               (1, 2, 1, 257, 300, 192), (1, 2, 2, 100, 100, 8)]
 
 
 def _run(q, k, v, do, causal, backward):
@@ -51,6 +56,7 @@ def test_fast_matches_reference(shape, causal, backward):
 @pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)
 @pytest.mark.parametrize("do_layout", ["stride0", "padded_heads"])
 def test_fast_strides_and_dtypes(dtype, do_layout):
+    """(fp32 on a GPU: tf32x3 products, fp32's accuracy, while torch's TF32 switch is off.)"""
     B, H, S, D = 2, 4, 48, 64
     q, k, v = rand(B, H, S, D, dtype=dtype, layout="bshd"), rand(B, 2, S, D, dtype=dtype, layout="sliced"), \
         rand(B, 2, S, D, dtype=dtype, layout="padded_heads")
@@ -65,18 +71,32 @@ def test_fast_strides_and_dtypes(dtype, do_layout):
         assert_close_per_head(name, got[name], ref[name], TOL[dtype])
 
 
-def test_fast_refuses_what_it_cannot_do_and_auto_falls_back():
-    dtype = FAST_DTYPES[-1]
-    q = rand(1, 2, 16, 24, dtype=dtype)
-    with pytest.raises(ValueError, match="head dims"):
+def test_fast_refuses_what_it_cannot_do():
+    q = rand(1, 2, 16, 32, dtype=torch.float64)
+    with pytest.raises(ValueError, match="the fast path takes"):
         fast.flash_attention_fast(q, q, q)
-    out = flashattn.flash_attention(q, q, q)  # auto: teaching kernels take D=24
-    ref = reference(q, q, q)
-    assert_close_per_head("O", out, ref["O"], TOL[dtype])
-    if ON_GPU:
-        q32 = rand(1, 2, 16, 64)
-        with pytest.raises(ValueError, match="takes torch.float16 and torch.bfloat16"):
-            fast.flash_attention_fast(q32, q32, q32)
+    assert fast.supports(torch.float16, 24)[0] and not fast.supports(torch.float16, 260)[0]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="TF32 is a GPU matter: the interpreter multiplies fp32 exactly")
+def test_fp32_uses_tf32_only_when_torch_allows_it():
+    from flashattn import runtime
+
+    q, k, v, do = (rand(1, 4, 512, 64) for _ in range(4))
+    ref = reference(q, k, v, do)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert runtime.fast_dot_precision(torch.float32) == "tf32x3"
+        accurate = _run(q, k, v, do, False, "two-kernel")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert runtime.fast_dot_precision(torch.float32) == "tf32"
+        fast_tf32 = _run(q, k, v, do, False, "two-kernel")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    for name in ("O", "dQ", "dK", "dV"):
+        assert_close_per_head(name, accurate[name], ref[name], 2e-5)     # fp32's accuracy
+        assert_close_per_head(name, fast_tf32[name], ref[name], 5e-3)    # TF32's (10 mantissa bits)
 
 
 def test_auto_uses_fast_path_on_gpu_only(monkeypatch):

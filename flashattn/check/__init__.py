@@ -36,6 +36,7 @@ import torch
 
 from .. import runtime
 from .battery import AUTOGRAD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, Case, Output
+from . import rules  # noqa: F401  (registers every diagnosis, in order)
 from .diagnose import RULES, ShapeError
 from .fingerprints import backward_variants
 from .lazy import lazy_backward
@@ -77,7 +78,8 @@ def attention_backward(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = Fa
         if not (isinstance(out, (tuple, list)) and len(out) == 3):
             raise ShapeError(f"fn must return a tuple (dq, dk, dv), got {type(out).__name__}")
         dq, dk, dv = out
-        return {"dQ": dq, "dK": dk, "dV": dv}, {"dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV}, {}
+        return ({"dQ": dq, "dK": dk, "dV": dv}, {"dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV},
+                {"dtypes": {"dQ": x.q.dtype, "dK": x.k.dtype, "dV": x.v.dtype}})
 
     return run_battery("check.attention_backward", fn, _with_gqa(cases or BATTERY, gqa), run_case,
                        kind="backward", dtype=dtype, seed=seed, with_do=True,
@@ -131,7 +133,8 @@ def online_softmax(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise ShapeError(f"fn must return a tuple (o, lse), got {type(out).__name__}")
         o, lse = out
-        return {"O": o, "LSE": lse}, {"O": x.ref.O, "LSE": x.ref.LSE}, {}
+        return ({"O": o, "LSE": lse}, {"O": x.ref.O, "LSE": x.ref.LSE},
+                {"dtypes": {"O": x.q.dtype, "LSE": runtime.stats_dtype(x.q.dtype)}})
 
     return run_battery("check.online_softmax", fn, _online_cases(_with_gqa(cases or FORWARD_BATTERY, gqa)),
                        run_case, kind="online_softmax", dtype=dtype, seed=seed, with_do=False,

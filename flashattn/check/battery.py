@@ -53,6 +53,7 @@ class Case:
     repeat: bool = False
     block_n: Optional[int] = None
     requires: str = "qkv"
+    dtype: Optional[torch.dtype] = None      # overrides the checker's dtype for this case
 
     @property
     def heads_kv(self) -> int:
@@ -73,6 +74,21 @@ class Case:
     def shape_text(self) -> str:
         heads = f"H{self.H}" if self.H_kv in (None, self.H) else f"H{self.H}/{self.H_kv}"
         return f"B{self.B} {heads} S{self.S_q}x{self.S_k} D{self.D}"
+
+    def strides(self) -> dict:
+        """name -> (b, h, s, d) strides of q, k, v, do in this case's layouts (no memory used)."""
+        shapes = {"q": (self.B, self.H, self.S_q, self.D), "k": (self.B, self.heads_kv, self.S_k, self.D),
+                  "v": (self.B, self.heads_kv, self.S_k, self.D), "do": (self.B, self.H, self.S_q, self.D)}
+        layouts = dict(zip("qkv", self.layout), do=self.do_layout)
+        out = {}
+        for name, shape in shapes.items():
+            layout = layouts[name]
+            if layout in ("stride0", "sum"):
+                out[name] = (0, 0, 0, 0)
+                continue
+            alloc, view = _alloc_shape(shape, layout)
+            out[name] = tuple(view(torch.empty(alloc, device="meta")).stride())
+        return out
 
 
 def _c(name, B, H, S_q, S_k, D, causal, **kw) -> Case:
@@ -105,6 +121,7 @@ BATTERY: tuple[Case, ...] = (
     _c("long, causal", 1, 1, 100, 130, 16, True),
     _c("S_q < S_k, odd lengths", 1, 2, 21, 45, 32, False, layout=("padded_seq",) * 3,
        do_layout="padded_seq", stats_padded=True),
+    _c("fp16 inputs", 1, 2, 40, 40, 32, True, dtype=torch.float16),
 )
 
 #: Cases with grouped-query attention, added with ``gqa=True``.
@@ -115,7 +132,8 @@ GQA_CASES: tuple[Case, ...] = (
 
 #: Forward-only battery (rebuild_p, online_softmax): dO plays no part.
 FORWARD_BATTERY: tuple[Case, ...] = tuple(
-    c for c in BATTERY if c.do_layout in ("contiguous", "padded_seq") and c.S_q <= 64)
+    c for c in BATTERY if c.do_layout in ("contiguous", "padded_seq") and c.S_q <= 64) + (
+    _c("strided q/k/v, not causal", 1, 2, 40, 24, 32, False, layout=("sliced", "bshd", "padded_heads")),)
 
 #: Smaller battery for the autograd checker: every case runs the forward and both backward kernels.
 AUTOGRAD_BATTERY: tuple[Case, ...] = (
@@ -157,6 +175,16 @@ def is_poison(t: torch.Tensor) -> torch.Tensor:
     return _int_view(t) == _NAN_BITS[t.dtype][1]
 
 
+def guard_bits(dtype: torch.dtype) -> int:
+    """The bit pattern of the NaN that fills the memory around inputs of ``dtype``."""
+    return _NAN_BITS[dtype][2]
+
+
+def _guard_value(dtype: torch.dtype) -> torch.Tensor:
+    int_dtype, _, bits = _NAN_BITS[dtype]
+    return torch.tensor(bits, dtype=int_dtype).view(dtype)
+
+
 # --------------------------------------------------------------------------------------
 # inputs
 # --------------------------------------------------------------------------------------
@@ -187,20 +215,23 @@ def make_input(shape, layout, dtype, device, gen: torch.Generator, guard: float 
     """A random ``[B, H, S, D]`` tensor in ``layout`` whose surroundings hold ``guard``: the
     tail after it, and for ``padded_seq`` the rows after each head's S rows."""
     if layout == "stride0":
-        # One value expanded to the whole shape (all strides 0). The buffer behind it holds the
-        # same value, so a kernel that wrongly steps through it still reads sensible numbers.
-        value = float(torch.empty(()).uniform_(0.5, 1.5, generator=gen))
+        # One value expanded to the whole shape (all strides 0), like the dO of out.sum(). The
+        # memory behind it holds other finite values: a kernel that steps through it with some
+        # other tensor's strides reads wrong numbers, not NaN and not the same value.
         n = math.prod(shape)
-        buf = torch.full((n + _guard_len(n),), value, dtype=dtype, device=device)
+        buf = torch.randn(n + _guard_len(n), generator=gen).to(dtype=dtype, device=device)
+        buf[0] = float(torch.empty(()).uniform_(0.5, 1.5, generator=gen))
         return buf[0].expand(*shape)
     alloc, view = _alloc_shape(shape, layout)
     n = math.prod(alloc)
-    data = torch.randn(alloc, generator=gen)
+    data = torch.randn(alloc, generator=gen).to(dtype)
+    buf = torch.empty(n + _guard_len(n), dtype=dtype)
+    fill = _guard_value(dtype) if math.isnan(guard) else torch.tensor(guard, dtype=dtype)
+    buf[:] = fill
     if layout == "padded_seq":
-        data[:, :, shape[2]:] = guard
-    buf = torch.full((n + _guard_len(n),), guard, dtype=dtype, device=device)
-    buf[:n] = data.flatten().to(dtype)
-    return view(buf[:n].view(alloc))
+        data[:, :, shape[2]:] = fill
+    buf[:n] = data.flatten()
+    return view(buf.to(device)[:n].view(alloc))
 
 
 def make_stats(values: torch.Tensor, padded: bool, guard: float = math.nan) -> torch.Tensor:
@@ -209,7 +240,8 @@ def make_stats(values: torch.Tensor, padded: bool, guard: float = math.nan) -> t
     B, H, S = values.shape
     rows = S + PAD_ROWS if padded else S
     n = B * H * rows
-    buf = torch.full((n + _guard_len(n),), guard, dtype=values.dtype, device=values.device)
+    buf = torch.empty(n + _guard_len(n), dtype=values.dtype, device=values.device)
+    buf[:] = _guard_value(values.dtype).to(values.device) if math.isnan(guard) else guard
     out = buf[:n].view(B, H, rows)[:, :, :S]
     out.copy_(values)
     return out

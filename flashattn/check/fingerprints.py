@@ -16,24 +16,55 @@ from .battery import BLOCKS, Case, Inputs
 
 
 def _matches(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
-    if actual is None or actual.shape != expected.shape or not bool(torch.isfinite(actual).all()):
+    """Equal up to rounding; NaN must stand exactly where the mistake puts NaN."""
+    if actual is None or actual.shape != expected.shape:
         return False
     a, e = actual, expected.to("cpu", torch.float64)
+    nan_a, nan_e = ~torch.isfinite(a), ~torch.isfinite(e)
+    if not torch.equal(nan_a, nan_e):
+        return False
+    a, e = torch.where(nan_a, 0.0, a), torch.where(nan_e, 0.0, e)
     if a.dim() < 3:
         a, e = a.reshape(1, 1, -1), e.reshape(1, 1, -1)
     return float(per_head_relative_error(a, e).max()) <= max(tol, 1e-6) * 10
 
 
-def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor) -> dict:
-    """dQ, dK, dV of the backward formulas with a (wrong) P put in, the rest right."""
+def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor, dP=None, delta=None, dS=None) -> dict:
+    """dQ, dK, dV of the backward formulas with a (wrong) P, dP, delta or dS put in, the rest right."""
     ref = x.ref
     H, Hk, s = case.H, case.heads_kv, case.scale_value
     q = x.q.to(torch.float64)
     k_full = repeat_kv(x.k.to(torch.float64), H)
-    dS = P * (ref.dP - ref.delta[..., None])
+    dP = ref.dP if dP is None else dP
+    delta = ref.delta[..., None] if delta is None else delta
+    dS = P * (dP - delta) if dS is None else dS
     return {"dQ": dS @ k_full * s,
             "dK": sum_groups(dS.transpose(-1, -2) @ q, Hk) * s,
             "dV": sum_groups(P.transpose(-1, -2) @ ref.dO, Hk)}
+
+
+def _visited(case: Case, kind: str, block: int, device) -> torch.Tensor:
+    """[S_q, S_k]: the (query, key) pairs a dQ (or dK/dV) kernel with square ``block`` tiles
+    visits -- every pair of the tiles its loop bounds reach, visible or not."""
+    i = torch.arange(case.S_q, device=device)[:, None]
+    j = torch.arange(case.S_k, device=device)[None, :]
+    if not case.causal:
+        return torch.ones(case.S_q, case.S_k, dtype=torch.bool, device=device)
+    if kind == "dq":                       # keys up to the end of the query block
+        return j < (i // block + 1) * block
+    return i >= (j // block) * block       # dkdv: query blocks from the key block's diagonal on
+
+
+def _tile_transposed(values: torch.Tensor, case: Case, block: int) -> torch.Tensor:
+    """[..., S_q, S_k]: a per-row vector broadcast along the wrong axis of a square tile
+    (``v[None, :]`` where ``v[:, None]`` belongs): tile element (i, j) gets the value of row
+    ``tile_start(i) + j % block`` (0 past the end: a masked load)."""
+    i = torch.arange(case.S_q)[:, None]
+    j = torch.arange(case.S_k)[None, :]
+    idx = (i // block) * block + j % block
+    ok = idx < case.S_q
+    picked = values[..., idx.clamp_max(case.S_q - 1)]
+    return torch.where(ok, picked, torch.zeros((), dtype=values.dtype))
 
 
 def _mask(case: Case, P: torch.Tensor) -> torch.Tensor:
@@ -57,6 +88,18 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
     masked = raw.masked_fill(~causal_mask(case.S_q, case.S_k, raw.device), float("-inf")) if case.causal else raw
     out["unscaled_s:softmax"] = _grads_from_p(case, x, torch.softmax(masked, dim=-1))
     out["exp2"] = _grads_from_p(case, x, torch.exp2(ref.S - lse))       # exp2(-inf) = 0 keeps the mask
+    out["dp_operand"] = _grads_from_p(case, x, ref.P, dP=ref.dO @ k_full.transpose(-1, -2))
+    if kind == "backward":                                               # a softmax over the queries
+        out["softmax_axis"] = _grads_from_p(case, x, torch.softmax(ref.S, dim=-2))
+    if kind in ("dkdv", "dq"):
+        visible = torch.isfinite(ref.S)
+        for block in BLOCKS:
+            seen = _visited(case, kind, block, ref.S.device)
+            out[f"ds_no_p:{block}"] = _grads_from_p(case, x, ref.P, dS=(ref.dP - ref.delta[..., None]) * seen)
+            lse_t = _tile_transposed(ref.LSE, case, block)
+            P_t = torch.where(visible, torch.exp(ref.S - lse_t), 0.0)
+            out[f"lse_broadcast:{block}"] = _grads_from_p(case, x, P_t)
+            out[f"delta_broadcast:{block}"] = _grads_from_p(case, x, ref.P, delta=_tile_transposed(ref.delta, case, block))
     names = ("dQ", "dK", "dV")
     refs = {"dQ": ref.dQ, "dK": ref.dK, "dV": ref.dV}
     for a in names:

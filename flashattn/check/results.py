@@ -65,8 +65,8 @@ def compare(name: str, actual, expected, tol: float, guard_touched: int = 0) -> 
     e = expected.detach().to("cpu", torch.float64)
     finite = bool(torch.isfinite(a).all())
     tiny = torch.finfo(torch.float64).tiny
-    if a.dim() < 3:              # per-head parameters (lazy attention's dBias, dTau): one "head"
-        a3, e3 = a.reshape(1, 1, -1), e.reshape(1, 1, -1)
+    if a.dim() < 3:              # per-head parameters [H, ...] (lazy attention's dBias, dTau)
+        a3, e3 = a.reshape(1, a.shape[0] if a.dim() else 1, -1), e.reshape(1, e.shape[0] if e.dim() else 1, -1)
     else:
         a3, e3 = a, e
     per_head = per_head_relative_error(a3, e3)
@@ -100,11 +100,12 @@ class CaseResult:
     nan_from: Optional[list] = None                  # inputs whose guard, read, put NaN in outputs
     swapped: Optional[tuple] = None                  # (got, wanted) names of outputs in wrong order
     launches: Optional[int] = None                   # kernels the launcher started (kernel checkers)
+    oob_reads: Optional[list] = None                 # inputs whose guard memory a load returned
 
     @property
     def ok(self) -> bool:
         return (self.error is None and not self.nondeterministic and self.launches != 0
-                and all(t.ok for t in self.tensors.values()))
+                and not self.oob_reads and all(t.ok for t in self.tensors.values()))
 
     def bad(self) -> list:
         return [t for t in self.tensors.values() if not t.ok]
@@ -196,6 +197,8 @@ class CheckResult:
             if r.nondeterministic:
                 lines.append(" " * 4 + f"!! run twice on the same input: {', '.join(r.nondeterministic)} "
                              "changed between runs")
+            if r.oob_reads:
+                lines.append(" " * 4 + f"!! read past the end of {', '.join(r.oob_reads)}")
         return "\n".join(lines)
 
     def diagnosis(self) -> str:

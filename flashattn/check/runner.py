@@ -20,8 +20,8 @@ import torch
 from .. import runtime
 from ..verify import tolerance
 from . import fingerprints
-from .battery import GUARDED, make_inputs
-from .diagnose import ShapeError, diagnose
+from .battery import GUARDED, guard_bits, make_inputs
+from .diagnose import DtypeError, ShapeError, diagnose
 from .origin import describe_origin
 from .results import CaseResult, CheckResult, compare
 
@@ -74,6 +74,47 @@ def count_cuda_launches():
         torch.cuda.synchronize()
     count[0] = sum(1 for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA and not _TORCH_KERNEL.search(e.name))
+
+
+@contextlib.contextmanager
+def watch_guard_reads(inputs: dict):
+    """In the interpreter: yields a set that collects the names of the inputs (``name ->
+    tensor``) whose guard memory a load returned -- a read past the end, seen even when the
+    value read is thrown away afterwards by a ``tl.where``. Elsewhere it stays empty."""
+    found: set = set()
+    if not runtime.INTERPRET:
+        yield found
+        return
+    from triton.runtime import interpreter
+
+    spans = []
+    for name, t in inputs.items():
+        if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.float32, torch.float64):
+            start = t.untyped_storage().data_ptr()
+            spans.append((name, start, start + t.untyped_storage().nbytes(), guard_bits(t.dtype), t.element_size()))
+    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+    cls = interpreter.InterpreterBuilder
+    original = cls.create_masked_load
+
+    def load(self, ptrs, mask, *rest):
+        ret = original(self, ptrs, mask, *rest)
+        data = ret.data
+        if data.dtype.kind == "f" and data.itemsize in uint:
+            bits = data.view(uint[data.itemsize])
+            hit = np.broadcast_to(mask.data, bits.shape)
+            for name, lo, hi, guard, size in spans:
+                if name in found or size != data.itemsize:
+                    continue
+                addrs = ptrs.data[hit & (bits == np.array(guard, dtype=bits.dtype))]
+                if addrs.size and ((addrs >= lo) & (addrs < hi)).any():
+                    found.add(name)
+        return ret
+
+    cls.create_masked_load = load
+    try:
+        yield found
+    finally:
+        cls.create_masked_load = original
 
 
 def launched(launch: Callable, kernel_language: str, *args) -> int:
@@ -193,9 +234,9 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 role: str = "your function", precheck: Optional[Callable] = None,
                 variants: Optional[Callable] = None, make: Callable = make_inputs,
                 tol: Optional[float] = None) -> CheckResult:
+    __tracebackhide__ = True          # IPython: show the learner's cell, not this frame
     origin, origin_warnings = describe_origin(fn, role)
     device = runtime.default_device()
-    tol = tolerance(dtype) if tol is None else tol
     results, nan_searches = [], 0
     with _quiet_and_single_threaded():
         not_written = precheck() if precheck else False
@@ -205,10 +246,19 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             if not_written:
                 res.error = NotImplementedError("kernel body not written")
                 break
-            x = make(case, dtype, device, seed, with_do)
+            case_dtype = getattr(case, "dtype", None) or dtype
+            case_tol = tolerance(case_dtype) if tol is None else tol
+            x = make(case, case_dtype, device, seed, with_do)
             try:
-                outs, expected, extra = run_case(case, x)
+                watched = {n: getattr(x, n, None) for n in GUARDED}
+                with watch_guard_reads(watched) as over_read:
+                    outs, expected, extra = run_case(case, x)
+                res.oob_reads = sorted(over_read, key=GUARDED.index) or None
                 res.launches = extra.get("launches")
+                for name, want in extra.get("dtypes", {}).items():
+                    got = getattr(outs.get(name), "dtype", None)
+                    if got is not None and got != want:
+                        raise DtypeError(f"{name} has dtype {got}, expected {want}")
                 res.swapped = swapped_outputs(outs, expected)
                 if case.repeat:
                     again, _, _ = run_case(case, x)
@@ -216,15 +266,16 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                     res.nondeterministic = changed or None
                 for name, out in outs.items():
                     try:
-                        res.tensors[name] = compare(name, out, expected[name], tol,
+                        res.tensors[name] = compare(name, out, expected[name], case_tol,
                                                    extra.get("guard_touched", {}).get(name, 0))
                     except (TypeError, ValueError) as e:
                         raise ShapeError(str(e)) from None
                 if not res.ok and variants is not None:
-                    res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, tol)
-                if any(t.nan_computed for t in res.tensors.values()) and nan_searches < 2 and make is make_inputs:
+                    res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol)
+                if any(t.nan_computed for t in res.tensors.values()) and not res.oob_reads \
+                        and nan_searches < 2 and make is make_inputs:
                     nan_searches += 1
-                    res.nan_from = _nan_origin(run_case, case, dtype, device, seed, with_do)
+                    res.nan_from = _nan_origin(run_case, case, case_dtype, device, seed, with_do)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:          # noqa: BLE001 -- report any error of the learner's code

@@ -1,16 +1,15 @@
 """The tuned path wired into autograd: what ``flash_attention`` runs on a GPU by default.
 
-It takes fp16/bf16 inputs with a power-of-two head dim (16..256), GQA and any strides; for
-anything else ``flash_attention`` falls back to the teaching kernels. The backward is the
-two-kernel design (dQ kernel + dK/dV kernel, no atomics); the fused one (dQ by fp32 atomic adds)
-is there to compare with, on request (``backward="fused"``).
+It takes fp16, bf16 and fp32 inputs with any head dim that is a multiple of 8 up to 256, GQA and
+any strides. The backward is the two-kernel design (dQ kernel + dK/dV kernel, no atomics); the
+fused one (dQ by fp32 atomic adds) is there to compare with, on request (``backward="fused"``).
 
 Why two kernels by default, measured on an H100 (fp16 and bf16, B*S = 16k, H*D = 2048;
 ``results/`` and ``notebooks/06_performance.ipynb``): across the benchmark grid the tuned
 two-kernel backward is 5-38% faster at D=64 and 7-29% at D=128, except at D=128, causal,
-S=16k, where the two tie (0.97-1.03x in the grid, 0.99-1.01x when timed alternately). Recomputing P and dS in the dQ kernel costs less than the fused
-kernel's BLOCK_M x D fp32 atomic adds per tile; and the two-kernel result is bit-reproducible,
-the atomic one is not.
+S=16k, where the two tie (0.97-1.03x in the grid, 0.99-1.01x when timed alternately).
+Recomputing P and dS in the dQ kernel costs less than the fused kernel's BLOCK_M x D fp32
+atomic adds per tile; and the two-kernel result is bit-reproducible, the atomic one is not.
 """
 from __future__ import annotations
 
@@ -22,17 +21,18 @@ from .. import runtime
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
 
-HEAD_DIMS = (16, 32, 64, 128, 256)
+#: head dims the fast kernels take: multiples of 8 up to 256 (padded to a power of two inside)
+HEAD_DIMS = tuple(range(8, 257, 8))
 BACKWARDS = ("two-kernel", "fused")
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
     """(True, "") if the fast kernels take inputs of this dtype and head dim, else (False, why)."""
-    dtypes = (torch.float16, torch.float32) if runtime.INTERPRET else (torch.float16, torch.bfloat16)
+    dtypes = (torch.float16, torch.float32) if runtime.INTERPRET else (torch.float16, torch.bfloat16, torch.float32)
     if dtype not in dtypes:
-        return False, f"the fast path takes {' and '.join(map(str, dtypes))}, got {dtype}"
+        return False, f"the fast path takes {', '.join(map(str, dtypes))}, got {dtype}"
     if head_dim not in HEAD_DIMS:
-        return False, f"the fast path takes head dims {HEAD_DIMS}, got {head_dim}"
+        return False, f"the fast path takes head dims that are multiples of 8 up to 256, got {head_dim}"
     return True, ""
 
 

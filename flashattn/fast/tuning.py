@@ -1,15 +1,21 @@
-"""Autotuning for the fast kernels, and the constants they share. A leaf: it imports no kernel.
+"""How the fast kernels are launched: tiles, tuning on request, and the constants they share.
+A leaf: it imports no kernel.
 
-The candidate tiles and the shared-memory pruning are the package's one policy
-(``flashattn.configs``: ``fast_fwd``, ``fast_dq``, ``fast_dkdv``); here they become
-``triton.autotune`` configs keyed on (S_q, S_k) buckets, the causal flag and the head dim
-(the dtype is part of every kernel's signature, so Triton keys on it already).
+By default every fast kernel runs with its per-device default tile: the first of its
+candidates (``flashattn.configs``: ``fast_fwd``, ``fast_dq``, ``fast_dkdv``, best first, from an
+exhaustive H100 sweep) that fits the GPU's shared memory, stepping down if the compiler still
+runs out of resources. One compile per kernel, no timing: a first call costs seconds, not the
+tens of seconds an autotuner spends compiling and timing every candidate.
 
-Sequence lengths are bucketed to powers of two, so a model trained on varying lengths tunes
-once per bucket instead of once per length. Results are also cached on disk by Triton
-(``cache_results=True``), so a second process does not re-tune.
+Tuning on request (``FLASHATTN_AUTOTUNE=1`` in the environment, or ``set_autotune(True)``):
+``triton.autotune`` over the same candidates, keyed on (S_q, S_k) buckets, the causal flag and
+the head dim (the dtype is part of every kernel's signature). Sequence lengths are bucketed to
+powers of two, so a model trained on varying lengths tunes once per bucket; results are cached
+on disk by Triton (``cache_results=True``), so a second process does not re-tune.
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -60,7 +66,7 @@ def autotuned(kernel, name: str, reset_to_zero=None):
     if runtime.INTERPRET:
         return None
     candidates = [c.to_triton() for c in configs.CANDIDATES[KERNELS[name]]]
-    kwargs = dict(configs=candidates, key=["S_BUCKET", "CAUSAL", "HEAD_DIM"],
+    kwargs = dict(configs=candidates, key=["S_BUCKET", "CAUSAL", "HEAD_DIM", "DOT_PRECISION"],
                   prune_configs_by={"early_config_prune": _prune(name)},
                   reset_to_zero=reset_to_zero, do_bench=_quick_bench)
     try:
@@ -69,21 +75,62 @@ def autotuned(kernel, name: str, reset_to_zero=None):
         return triton.autotune(**kwargs)(kernel)
 
 
-def pick(tuned, raw, config: KernelConfig | None, name: str):
-    """(kernel, launch options): the autotuner, or the raw kernel with a given/fixed config."""
-    if config is None and tuned is not None:
-        return tuned, {}
-    cfg = config or configs.INTERPRETER_FAST_CONFIGS[KERNELS[name]]
+_autotune: bool | None = None
+
+
+def set_autotune(enabled: bool | None) -> None:
+    """Tune the fast kernels' tiles on first use (True), use the defaults (False), or follow
+    ``FLASHATTN_AUTOTUNE`` (None)."""
+    global _autotune
+    _autotune = enabled
+
+
+def autotune_requested() -> bool:
+    if _autotune is not None:
+        return _autotune
+    return os.environ.get("FLASHATTN_AUTOTUNE", "").strip().lower() in ("1", "true", "yes")
+
+
+def constants(q, causal: bool) -> dict:
+    """The compile-time arguments every fast kernel takes, for inputs like ``q``."""
+    D = q.shape[-1]
+    block_d = runtime.head_dim_block(D)
+    return dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PAD_D=block_d != D,
+                DOT_PRECISION=runtime.fast_dot_precision(q.dtype))
+
+
+def _check_divisibility(name: str, cfg: KernelConfig) -> None:
     if name in ("dkdv", "fused") and cfg.BLOCK_N % cfg.BLOCK_M:
         raise ValueError(f"{name}: BLOCK_M must divide BLOCK_N, got {cfg}")
     if name == "dq" and cfg.BLOCK_M % cfg.BLOCK_N:
         raise ValueError(f"{name}: BLOCK_N must divide BLOCK_M, got {cfg}")
-    return raw, {"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N, **cfg.launch_options()}
 
 
-def launch(kernel, grid, args, kwargs, warmup: bool = False):
-    """Launch, or with ``warmup`` only compile (every autotune candidate, for the autotuner)."""
-    if warmup:  # an autotuner's warmup compiles each candidate that survives pruning
-        kernel.warmup(*args, grid=(1, 1), **kwargs)
+def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig | None = None,
+        warmup: bool = False) -> None:
+    """Launch (or with ``warmup`` only compile) fast kernel ``name`` -- ``raw`` the jitted kernel,
+    ``tuned`` its autotuner -- with ``config``, else the interpreter's tile, else the autotuner if
+    tuning was asked for, else the per-device default (stepping down on OutOfResources).
+    ``grid(meta) -> tuple`` gets the tile as ``{"BLOCK_M": .., "BLOCK_N": ..}``."""
+    q = args[0]
+
+    def launch(cfg: KernelConfig) -> None:
+        kwargs = dict(meta, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, **cfg.launch_options())
+        if warmup:
+            raw.warmup(*args, grid=(1,), **kwargs)
+        else:
+            raw[grid({"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N})](*args, **kwargs)
+
+    if config is not None or runtime.INTERPRET:
+        cfg = config or configs.INTERPRETER_FAST_CONFIGS[KERNELS[name]]
+        _check_divisibility(name, cfg)
+        launch(cfg)
+    elif tuned is not None and autotune_requested():
+        if warmup:   # an autotuner's warmup compiles each candidate that survives pruning
+            tuned.warmup(*args, grid=(1,), **meta)
+        else:
+            tuned[grid](*args, **meta)
     else:
-        kernel[grid](*args, **kwargs)
+        candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device)
+        key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False))
+        configs.launch(key, candidates, launch)

@@ -1,7 +1,7 @@
 """Benchmark lazy attention: the Triton kernels against the materialised PyTorch formula.
 
     python -m flashattn.lazy.bench                   # on a GPU: L = 1024 ... 8192, fp16
-    python -m flashattn.lazy.bench --dtype bf16 --window 4096 --out results/
+    python -m flashattn.lazy.bench --dtype bf16 --window 4096   # JSON + PNG in runs/
     python -m flashattn.lazy.bench --quick           # tiny sizes: runs anywhere, the CPU included
 
 For each length L it measures, for both providers, the forward time and the forward+backward
@@ -192,7 +192,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--window", type=int, default=256, help="W: bias over distances 0..W")
     ap.add_argument("--dtype", choices=list(DTYPES), default="fp16")
     ap.add_argument("--rep-ms", type=int, default=100, help="time budget per measurement (ms)")
-    ap.add_argument("--out", default="results", help="folder for the JSON and PNG")
+    ap.add_argument("--out", default="runs", help="folder for the JSON and PNG (default: runs/, which git "
+                    "ignores; --out results replaces the committed results)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes that run anywhere, the CPU interpreter included")
     args = ap.parse_args(argv)

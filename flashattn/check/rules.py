@@ -1,0 +1,558 @@
+"""Every diagnosis the checkers can give, in the order they are tried: the first that fits wins.
+
+Each rule is one function with its title (what is wrong) and idea (the principle to check: no
+code) beside it, and returns the evidence from this run, or None. Adding a diagnosis means
+adding one rule here -- at the place in the order where it is more specific than the rules
+after it -- and a planted bug (``flashattn.planted.CATALOG`` or a test function) that triggers
+exactly it (``tests/test_check_kernels.py``, ``tests/test_check.py``).
+
+The order, roughly: the code did not run (not written, no kernel, wrong order or shape,
+exceptions); it ran differently twice (a race); patterns that pin a cause exactly (a batch
+offset, the GQA head, one tensor with another's strides); memory (reads past the end, elements
+never written); exact matches with known wrong formulas; NaN; writes past the end; constant
+factors; which outputs are wrong; which cases are wrong; and last, what was seen.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from .diagnose import DtypeError, ShapeError, _first_error, _ranges, rule, separating
+
+# --------------------------------------------------------------------------------------
+# the code did not run
+# --------------------------------------------------------------------------------------
+
+
+@rule("not_implemented", "not written yet",
+      "Your code still raises NotImplementedError: replace the `raise NotImplementedError()` line "
+      "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.")
+def _not_implemented(ctx):
+    return "" if _first_error(ctx, NotImplementedError) is not None else None
+
+
+@rule("no_kernel", "your launcher ran no kernel",
+      "This checker checks a kernel: the launcher must launch it (kernel[grid](...)) and let it "
+      "write the outputs it was given. It computed them some other way (plain PyTorch?) or not at all.",
+      kinds=("dq", "dkdv"))
+def _no_kernel(ctx):
+    counted = [r for r in ctx.results if r.launches is not None]
+    if counted and all(r.launches == 0 for r in counted):
+        return f"the launcher returned without launching any kernel, in all {len(counted)} cases"
+    return None
+
+
+@rule("grad_order", "gradients returned in the wrong order",
+      "Return the gradients in the order of the inputs they belong to: (dq, dk, dv) for "
+      "(q, k, v) -- and in an autograd.Function, one per input of forward, None for the "
+      "non-tensor ones.")
+def _grad_order(ctx):
+    swapped = [r for r in ctx.results if r.swapped]
+    if swapped:
+        got, wanted = swapped[0].swapped
+        return f"in {ctx.names_of(swapped)} the tensor returned as {got} has the shape of {wanted}"
+    if ctx.failing and all("swapped" in r.fingerprints for r in ctx.failing):
+        return f"in every failing case two returned gradients equal each other's true values ({ctx.tensor_pattern()})"
+    return None
+
+
+_SHAPE = re.compile(r"[\[(](\d+(?:, ?\d+)+)[\])]")
+
+
+@rule("saved_order", "the tensors saved for backward come back in another order",
+      "ctx.saved_tensors returns the tensors in the order they were given to "
+      "ctx.save_for_backward: unpack them in that same order (here a tensor with the LSE's shape "
+      "[B, H, S_q] arrived where O [B, H, S_q, D] was expected, or the reverse).",
+      kinds=("autograd",))
+def _saved_order(ctx):
+    for r in ctx.results:
+        if r.error is None:
+            continue
+        c = r.case
+        shapes = {tuple(int(x) for x in m.split(",")) for m in _SHAPE.findall(str(r.error))}
+        if (c.B, c.H, c.S_q) in shapes and (c.B, c.H, c.S_q, c.D) in shapes:
+            return f"case '{c.name}': {type(r.error).__name__}: {str(r.error)[:200]}"
+    return None
+
+
+@rule("dtype", "an output has the wrong dtype",
+      "Return each output in the dtype the exercise asks for: O like q (cast the fp32 "
+      "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.")
+def _dtype(ctx):
+    r = _first_error(ctx, DtypeError)
+    return f"case '{r.case.name}': {r.error}" if r is not None else None
+
+
+@rule("shape", "an output has the wrong shape or type",
+      "Return tensors shaped like the reference: dQ like q, dK and dV like k and v, "
+      "P [B, H, S_q, S_k], LSE [B, H, S_q].")
+def _shape(ctx):
+    r = _first_error(ctx, ShapeError)
+    return str(r.error) if r is not None else None
+
+
+_EXCEPTION_IDEAS = [
+    (r"must match the size of tensor|broadcast|size of tensor a",
+     "Two operands' shapes do not line up. A value per query row (delta, the LSE) subtracted "
+     "from every key of its row must be a column, [..., S_q, 1] (keepdim=True, or [..., None]); "
+     "lined up with the keys instead, it only fits when S_q == S_k -- and is wrong there."),
+    (r"mat1 and mat2|cannot be multiplied|size mismatch|Expected size for first two dimensions",
+     "A matrix product's inner dimensions do not agree: check which operand is transposed "
+     "(Q K^T, P^T dO, dO V^T, dS K, dS^T Q) -- the cases with S_q != S_k tell them apart."),
+    (r"view size is not compatible|\.view",
+     ".view needs memory laid out for it: on a non-contiguous tensor use .reshape, or avoid "
+     "reshaping at all."),
+    (r"incorrect number of gradients",
+     "backward returns one value per input of forward, in order, None for the non-tensor ones."),
+    (r"must be a bool|must be a float|must be a torch.Tensor",
+     "An argument arrived in the wrong place: compare the call with the function's signature, "
+     "argument by argument."),
+]
+
+
+@rule("exception", "your code raised an exception",
+      "The error and the line it came from are shown below; the cases it raised in say what they "
+      "share (S_q != S_k, non-contiguous tensors, ...).")
+def _exception(ctx):
+    raised = [r for r in ctx.results if r.error is not None]
+    if not raised:
+        return None
+    sep = separating(ctx.results, raised)
+    where = f"only in {sep[0].label}" if sep and sep[1] else f"in {len(raised)} of {len(ctx.results)} cases"
+    evidence = f"raised {where} ({ctx.names_of(raised)})"
+    message = str(raised[0].error)
+    for pattern, idea in _EXCEPTION_IDEAS:
+        if re.search(pattern, message):
+            return evidence, idea
+    return evidence
+
+
+@rule("race", "results change between runs on the same input: a race on a global accumulator",
+      "Two runs on identical inputs gave different bits. Several programs (or threads) add into "
+      "the same output addresses, and the order of those additions -- or whether an update is "
+      "lost -- depends on scheduling. Atomics fix lost updates but not the order. Give every "
+      "output block to exactly one program that accumulates in registers and stores once.")
+def _race(ctx):
+    r = next((r for r in ctx.results if r.nondeterministic), None)
+    return f"case '{r.case.name}': {', '.join(r.nondeterministic)} differed between two runs" if r else None
+
+
+# --------------------------------------------------------------------------------------
+# patterns that pin one cause
+# --------------------------------------------------------------------------------------
+def _exactly(ctx, *bases):
+    p = ctx.pattern
+    return p is not None and ctx.exact and p.id.split("&")[0] in bases
+
+
+@rule("batch", "only batch element 0 is right: a batch offset is missing or wrong",
+      "Wrong exactly in the cases with several batch elements: some tensor's pointer is not moved "
+      "to its batch element (b * that tensor's own batch stride), or is moved with another "
+      "tensor's batch stride.")
+def _batch(ctx):
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "batch") else None
+
+
+@rule("gqa", "a head index is wrong under grouped-query attention",
+      "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
+      "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
+      "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
+def _gqa(ctx):
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "gqa") else None
+
+
+_STRIDE_ID = re.compile(r"^stride_(\w+?)_(\w+?)(?:_\d)?$")
+
+
+@rule("stride", "a tensor is addressed with another tensor's strides",
+      "Wrong exactly in the cases where two tensors' strides differ: one of them is offset with "
+      "the other's stride. Every tensor gets its own stride arguments, named after it "
+      "(stride_v_s for V's rows, never stride_k_s), and each load uses its own.")
+def _stride(ctx):
+    if ctx.pattern is None or not ctx.exact or not _STRIDE_ID.match(ctx.pattern.id.split("&")[0]):
+        return None
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}"
+
+
+_INPUT_NAMES = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta"}
+
+
+@rule("read_past_end", "a load reads past the end of a tensor (a mask is missing)",
+      "The memory around every input holds NaN here, and your code read it: some load reaches "
+      "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "
+      "query-row mask for q, dO, LSE and delta, the key mask for k and v -- so that padded "
+      "positions read a harmless `other` value. (Past the end of a tensor there may be another "
+      "tensor, or no memory at all: even a value that is thrown away later must not be read.)")
+def _read_past_end(ctx):
+    seen = [r for r in ctx.failing if r.oob_reads]
+    if seen:
+        names = list(dict.fromkeys(n for r in seen for n in r.oob_reads))
+        return (f"loads returned the NaN that lies past the end of {', '.join(_INPUT_NAMES[n] for n in names)} "
+                f"in {len(seen)} of {len(ctx.results)} cases ({ctx.names_of(seen)})")
+    hits = [r for r in ctx.failing if r.nan_from]
+    if not hits:
+        return None
+    names = list(dict.fromkeys(n for r in hits for n in r.nan_from))
+    return (f"with NaN only around {', '.join(_INPUT_NAMES.get(n, n) for n in names)}, the output "
+            f"turns NaN; with finite values there it does not (case '{hits[0].case.name}')")
+
+
+@rule("unwritten", "some output elements were never written",
+      "Outputs start filled with a marked NaN here, and some still hold it: those elements were "
+      "never stored. Check that the grid covers the last, partial block (cdiv, not //), that the "
+      "store's mask is not stricter than `row < S`, and that the launcher writes into the output "
+      "it was given.")
+def _unwritten(ctx):
+    bad = [(r, t) for r, t in ctx.bad_tensors() if t.unwritten]
+    if not bad:
+        return None
+    r, t = bad[0]
+    what = "keys" if t.name in ("dK", "dV") else "rows"
+    return (f"{t.unwritten} elements of {t.name} never written in '{r.case.name}' ({what} "
+            f"{_ranges(t.bad_rows())} of 0-{t.row_err.numel() - 1}); {ctx.case_pattern()}")
+
+
+# --------------------------------------------------------------------------------------
+# exact matches with known wrong formulas (fingerprints.py computes them)
+# --------------------------------------------------------------------------------------
+def _fingerprint(name: str):
+    def test(ctx):
+        matched = [r for r in ctx.failing if name in r.fingerprints]
+        rest = [r for r in ctx.failing if name not in r.fingerprints]
+        # where low precision overflowed (inf, NaN) the float64 match cannot hold: those may differ
+        if matched and len(matched) >= len(rest) and \
+                all(any(not t.finite for t in r.tensors.values()) for r in rest):
+            overflow = f" (the other {len(rest)} overflowed to inf or NaN)" if rest else ""
+            return (f"in {len(matched)} of {len(ctx.failing)} failing cases your outputs match that "
+                    f"computation exactly{overflow}; {ctx.tensor_pattern()}")
+        return None
+    return test
+
+
+def _fp(id: str, title: str, idea: str, kinds=None, name=None):
+    rule(id, title, idea, kinds=kinds)(_fingerprint(name or id))
+
+
+_fp("delta", "dS is missing the - delta term",
+    "dS = P * (dP - delta): the softmax Jacobian subtracts, from each row of dP, its P-weighted "
+    "mean delta = rowsum(P * dP) = rowsum(dO * O) -- one number per query row.", name="no_delta")
+_fp("softmax_axis", "the softmax runs over the wrong axis",
+    "P's rows must sum to 1 over the keys: softmax over the last dimension (the keys), not over "
+    "the queries.", kinds=("backward",))
+_fp("scale_in_scores", "P is rebuilt from scores without the scale",
+    "S = Q K^T * scale in the forward, so P = exp(S - LSE) must be rebuilt from the *scaled* "
+    "scores -- the same S as the forward, or LSE does not match it. Check every place the scale "
+    "enters: the scores that rebuild P, and the one factor in dQ and dK.", name="unscaled_s")
+_fp("lse", "P rebuilt with exp2 from a natural-log LSE",
+    "The forward's LSE is a natural log: rebuild P = exp(S - LSE). exp2 works only if both S and "
+    "LSE are converted to base 2 (multiplied by log2(e)).", name="exp2")
+_fp("lse_broadcast", "the LSE is lined up with the keys instead of the query rows",
+    "LSE holds one number per query row: subtract it from every key of its row -- broadcast along "
+    "the key axis of the tile (a column in the [query, key] orientation, a row in the transposed "
+    "[key, query] one).", kinds=("dq", "dkdv"))
+_fp("delta_broadcast", "delta is lined up with the keys instead of the query rows",
+    "delta holds one number per query row: dS = P * (dP - delta) subtracts it from every key of "
+    "its row -- broadcast along the key axis of the tile.", kinds=("dq", "dkdv"))
+_fp("dp_operand", "dP is computed from the wrong tensor",
+    "dP = dO V^T: the output's gradient meets the *values* (O = P V), not the keys.")
+_fp("ds_missing_p", "dS is missing its factor P",
+    "dS = P * (dP - delta): the softmax's Jacobian multiplies by P elementwise, which is also "
+    "what keeps hidden and padded keys at 0.", kinds=("dq", "dkdv"), name="ds_no_p")
+_fp("lazy_delta", "delta = rowsum(dO * O) does not hold for lazy attention",
+    "The shortcut delta = rowsum(dO * O) holds because O = P V in softmax attention; here "
+    "O = A V with A = ReLU(P + tau/(i+1)), so delta must be summed the long way: rowsum(P * dP).",
+    kinds=("lazy",))
+
+
+@rule("lazy_gate", "the ReLU's gate is missing, or lets hidden entries through",
+      "A = ReLU(P + tau/(i+1)) on the visible entries only: the gradient reaches P (and tau) only "
+      "where the ReLU let it through, and only on j <= i: dP = dA * gate with "
+      "gate = causal & (P + tau/(i+1) > 0). Mistakes show in the heads where the ReLU clips "
+      "(tau < 0) or where a positive shift lands on hidden keys (tau > 0).", kinds=("lazy",))
+def _lazy_gate(ctx):
+    if ctx.failing and all("lazy_gate" in r.fingerprints for r in ctx.failing):
+        return f"your outputs match dP = dA without the gate exactly; {ctx.tensor_pattern()}"
+    for sign, label in ((1, "tau > 0"), (-1, "tau < 0")):
+        agree = disagree = 0
+        for r in ctx.ran:
+            for h, tau in enumerate(getattr(r.case, "taus", ())):
+                head_wrong = any(h < t.heads_ok.numel() and not bool(t.heads_ok.flatten()[h])
+                                 for t in r.tensors.values())
+                predicted = tau != 0 and math.copysign(1, tau) == sign
+                agree, disagree = (agree + 1, disagree) if head_wrong == predicted else (agree, disagree + 1)
+        if agree and not disagree:
+            return f"wrong exactly in the heads with {label}; {ctx.tensor_pattern()}"
+    return None
+
+
+for _id, _title, _idea in [
+        ("lazy_scale", "dQ and dK are missing the scale", "S = Q K^T * scale + b, so dQ = dS K * scale and dK = dS^T Q * scale."),
+        ("lazy_dk_transpose", "dK needs dS transposed", "Key j collects dS[i, j] over the query rows i: dK = dS^T Q * scale."),
+        ("lazy_dv", "dV is computed from P instead of A", "O = A V, so dV = A^T dO with A the ReLU-shifted matrix, not the softmax P."),
+        ("lazy_dbias_diagonals", "dBias sums the wrong diagonals",
+         "bias[d] enters S[i, j] for i - j = d (keys before the query): dBias[d] sums dS along the "
+         "d-th diagonal *below* the main one."),
+        ("lazy_dtau_count", "dTau is missing the 1/(i+1) factor", "tau enters row i as tau/(i+1): dTau sums dP[i, j] / (i + 1)."),
+        ("lazy_dtau_gate", "dTau is not gated by the ReLU",
+         "Entries the ReLU clipped pass no gradient to tau either: sum dA * gate / (i + 1)."),
+        ("lazy_dtau_causal", "dTau sums over hidden keys too",
+         "tau/(i+1) is added only on the visible keys j <= i: sum the causal entries only (and gate them).")]:
+    _fp(_id, _title, _idea, kinds=("lazy",))
+
+
+@rule("accumulate", "only the last block's contribution survives: accumulate, don't overwrite",
+      "A program sums its output over every block it visits: dQ over the key blocks, dK and dV "
+      "over the query blocks. `acc += tl.dot(...)` inside the loop, one store after it; `acc = ...` "
+      "or a store of the tile's share inside the loop keeps only the last block.",
+      kinds=("dq", "dkdv"))
+def _accumulate(ctx):
+    hits = [r for r in ctx.failing if any(f.startswith("last_block") for f in r.fingerprints)]
+    if hits and len(hits) == len(ctx.failing):
+        block = sorted(f for f in hits[0].fingerprints if f.startswith("last_block"))[0].split("_")[-1]
+        return (f"your outputs equal the last block's share alone (blocks of {block}) in every "
+                f"failing case; {ctx.case_pattern()}")
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# NaN, writes past the end, constant factors
+# --------------------------------------------------------------------------------------
+@rule("alpha", "NaN from the rescaling factor",
+      "NaN in every case, even with one block of keys: the factor that rescales the old sums "
+      "must be alpha = exp(m_old - m_new) <= 1 (0 at the first block, where m_old = -inf). Its "
+      "inverse overflows to inf, and inf * 0 is NaN.", kinds=("online_softmax",))
+def _alpha(ctx):
+    if ctx.ran and len(ctx.failing) == len(ctx.results) and \
+            all(any(not t.finite for t in r.tensors.values()) for r in ctx.ran):
+        return f"NaN in all {len(ctx.results)} cases, the one-block ones too"
+    return None
+
+
+@rule("nan", "NaN computed inside your code",
+      "NaN appeared although every element was written and no load reads past the end: "
+      "something like exp(+inf), inf - inf or 0 * inf. A row whose every key is masked with -inf "
+      "(max = -inf, then -inf - (-inf)) is the classic; so is exp applied before the mask.")
+def _nan(ctx):
+    bad = [(r, t) for r, t in ctx.bad_tensors() if t.nan_computed]
+    if not bad:
+        return None
+    r, t = bad[0]
+    return f"{t.name} holds NaN in '{r.case.name}'; {ctx.case_pattern()}"
+
+
+@rule("oob_write", "memory just past the output was written: a store without its mask",
+      "The kernel stored elements beyond the end of the output tensor: the store's mask is missing "
+      "the row (or column) condition, so the padded rows of the last block land in whatever "
+      "follows in memory -- another head's rows, or another tensor.")
+def _oob_write(ctx):
+    bad = [(r, t) for r, t in ctx.bad_tensors() if t.guard_touched]
+    if not bad:
+        return None
+    r, t = bad[0]
+    return f"'{r.case.name}': {t.guard_touched} elements written after the end of {t.name}"
+
+
+@rule("scale", "the error is a constant factor tied to the softmax scale",
+      "S = Q K^T * scale, so the chain rule puts one factor `scale` into dQ = dS K * scale and "
+      "dK = dS^T Q * scale -- exactly one, after the matrix product -- and none into dV. A ratio "
+      "of 1/scale means the factor is missing, scale means it is applied twice.")
+def _scale(ctx):
+    bad = ctx.bad_tensors()
+    if not bad:
+        return None
+
+    def factor(r, t):
+        s = r.case.scale_value
+        if not (math.isfinite(t.ratio) and t.ratio_resid < 1e-2):
+            return None
+        for f in (1.0 / s, s, (1.0 / math.sqrt(r.case.D)) / s, s * math.sqrt(r.case.D), 1 / s ** 2, s ** 2):
+            if abs(t.ratio / f - 1.0) < 2e-2:
+                return f
+        return None
+
+    if all(factor(r, t) is not None for r, t in bad):
+        parts = [f"'{r.case.name}' {t.name}: yours / reference = {t.ratio:.4g} (scale = "
+                 f"{r.case.scale_value:.4g}, 1/scale = {1 / r.case.scale_value:.4g})" for r, t in bad[:3]]
+        return "; ".join(parts) + f"; {ctx.tensor_pattern()}"
+    return None
+
+
+@rule("heads", "only some (batch, head) pairs are right: the offset of the later heads is wrong",
+      "Head 0 (or batch 0) is right and the others are not, so some tensor's pointer is not moved "
+      "to the right head: the head offset (h * that tensor's own head stride) is missing, uses "
+      "another tensor's stride, or the wrong head index. Every tensor gets its own offset; the bug "
+      "hides when all tensors share one layout, which is why the cases mix layouts.",
+      kinds=("backward", "dq", "dkdv", "autograd", "rebuild_p", "online_softmax"))
+def _heads(ctx):
+    seen = []
+    for r, t in ctx.bad_tensors():
+        ok = t.heads_ok
+        if ok.numel() < 2:
+            continue
+        if not bool(ok.any()):
+            return None
+        seen.append((r, t))
+    if not seen:
+        return None
+    r, t = seen[0]
+    per = ", ".join(f"({b},{h}) {'ok' if t.heads_ok[b, h] else f'{float(t.per_head[b, h]):.0e}'}"
+                    for b in range(t.per_head.shape[0]) for h in range(t.per_head.shape[1]))
+    return f"case '{r.case.name}', {t.name} per (batch, head): {per}"
+
+
+def _pattern_rule(prop_ids, kinds=None, exact: bool = True):
+    def test(ctx):
+        if kinds is not None and ctx.kind not in kinds:
+            return None
+        p = ctx.pattern
+        base = p.id.split("&")[0] if p is not None else ""
+        if p is None or not any(base == i or (i.endswith("*") and base.startswith(i[:-1])) for i in prop_ids):
+            return None
+        if exact and not ctx.exact:
+            return None
+        return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}"
+    return test
+
+
+rule("default_scale", "the scale you were given is not the one used",
+     "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
+     "argument (when rebuilding S, or for the factor in dQ / dK).")(_pattern_rule(["custom_scale"]))
+
+
+# --------------------------------------------------------------------------------------
+# which outputs are wrong
+# --------------------------------------------------------------------------------------
+@rule("dv_formula", "only dV is wrong: dV = P^T dO, check its formula or a transpose",
+      "dK and dQ need P too, and they are right, so P is right. dV = P^T dO: each key's row sums "
+      "P[i, j] * dO[i] over the query rows i -- in a key-block program, the transposed tile P^T "
+      "times the dO tile.")
+def _dv_formula(ctx):
+    if ctx.wrong_in("dV") and all(ctx.right_everywhere(n) for n in ("dK", "dQ") if n in ctx.names) \
+            and any(n in ctx.names for n in ("dK", "dQ")):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("dq_formula", "only dQ is wrong: dQ = dS K * scale",
+      "dK and dV are right, so P and dS are right: what is left is dQ's own product -- dS times K "
+      "(not K^T, not dS^T), one factor of scale -- and where it is accumulated and stored.")
+def _dq_formula(ctx):
+    if ctx.wrong_in("dQ") and all(ctx.right_everywhere(n) for n in ("dK", "dV") if n in ctx.names) \
+            and any(n in ctx.names for n in ("dK", "dV")):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("ds", "dV is right but dK / dQ are wrong: delta or dS is wrong",
+      "dV = P^T dO needs only P, so P is fine. dK and dQ go through dS = P * (dP - delta) with "
+      "dP = dO V^T and delta = rowsum(dO * O) (one number per query row). Check dP, the "
+      "subtraction of delta and its broadcasting (one value per row).")
+def _ds(ctx):
+    if "dV" in ctx.names and ctx.right_everywhere("dV") and \
+            any(ctx.wrong_in(n) for n in ("dK", "dQ") if n in ctx.names):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("lse_output", "O is right but LSE is wrong",
+      "LSE must be the natural log of the row's sum of exp(S): with the running maximum m and the "
+      "running sum l of exp(S - m), LSE = m + log(l).", kinds=("online_softmax",))
+def _lse_output(ctx):
+    if "O" in ctx.names and ctx.right_everywhere("O") and ctx.wrong_in("LSE"):
+        return ctx.tensor_pattern()
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# which cases are wrong
+# --------------------------------------------------------------------------------------
+@rule("causal_global_index", "the causal mask compares positions inside the block, not global ones",
+      "Wrong exactly where a causal mask meets several blocks: the mask must compare the global "
+      "key position (the block's start plus the offset inside it) with the global query position. "
+      "Within the first block the two coincide, which is why one-block cases pass.")
+def _causal_global_index(ctx):
+    p = ctx.pattern
+    if p is None or not ctx.exact or not p.id.endswith("&causal"):
+        return None
+    base = p.id.split("&")[0]
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if base.startswith(("multi_", "multi_block")) else None
+
+
+rule("causal", "only causal cases are wrong: the mask is on the wrong quantity or the wrong keys",
+     "Hidden keys (j > i) must get P = 0, which the softmax gives when S = -inf *before* it. "
+     "Setting S = 0 gives exp(0) = 1; zeroing P *after* a softmax leaves rows that no longer sum "
+     "to 1 (only when P is rebuilt from the forward's LSE is zeroing it afterwards right). The "
+     "loop bounds must still visit every visible key. Under a causal mask row 0 of dQ is zero "
+     "(row 0 sees one key); if the function under test is your *reference*, test the test.",
+     )(_pattern_rule(["causal"], exact=False))
+
+rule("rescale", "wrong only when the keys come in several blocks: running sums not rescaled",
+     "When the running maximum grows from m_old to m_new, everything accumulated so far (the sum "
+     "l and the output accumulator) must be multiplied by exp(m_old - m_new) before the new "
+     "block is added.", )(_pattern_rule(["multi_block"], kinds=("online_softmax",)))
+
+rule("rows_bound", "a bound or mask on the query rows uses S_k",
+     "Wrong exactly where there are more query rows than keys: rows past S_k are never visited, "
+     "or masked away, because a loop bound or a row mask uses S_k where S_q belongs.",
+     )(_pattern_rule(["sq_gt_sk"], exact=False))
+
+rule("keys_bound", "a bound or mask on the keys uses S_q",
+     "Wrong exactly where there are more keys than query rows: keys past S_q are never visited, "
+     "or masked away, because a loop bound or a key mask uses S_q where S_k belongs.",
+     )(_pattern_rule(["sq_lt_sk"], exact=False))
+
+rule("lengths_mixed", "S_q and S_k are mixed up somewhere",
+     "Wrong only where S_q != S_k: a bound, mask or shape uses one length for the other.",
+     )(_pattern_rule(["sq_ne_sk"]))
+
+rule("query_blocks", "wrong only where S_q spans several query blocks: the loop over query blocks",
+     "A key-block program must visit every query block that sees its keys and add up their "
+     "contributions: each iteration loads the block it steps to (offsets from the loop variable, "
+     "not from the program id) and adds (+=) into dK, dV, stored once after the loop.",
+     kinds=("dkdv",))(_pattern_rule(["multi_q*"]))
+
+rule("key_blocks", "wrong only where S_k spans several key blocks: the loop over key blocks",
+     "A query-block program must visit every key block its rows see and add up their "
+     "contributions: each iteration loads the key block it steps to and adds (+=) into dQ, "
+     "stored once after the loop.", kinds=("dq",))(_pattern_rule(["multi_k*"]))
+
+rule("padding", "only lengths that are not block multiples are wrong: the partial last block",
+     "Rows and keys past S_q / S_k must be masked in every load and get P = 0, and the loops "
+     "and the grid must cover the partial last block.")(_pattern_rule(["ragged*"], exact=False))
+
+rule("do_strides", "only the cases with an unusual dO are wrong: dO's own strides",
+     "dO arrives as autograd makes it: contiguous, a strided view, or one number expanded to the "
+     "whole shape (every stride 0, after out.sum()). Offset dO with its own four strides, "
+     "never assume it is contiguous, never copy another tensor's strides.",
+     )(_pattern_rule(["do_stride0", "do_strided"]))
+
+rule("strides", "only non-contiguous inputs are wrong: offsets computed from shapes, not strides",
+     "Contiguous inputs pass, strided ones (transposed [B, S, H, D] views, slices) fail. Pass "
+     "every tensor's own .stride() to the kernel and use it for every offset, including the last "
+     "dimension's stride.")(_pattern_rule(["strided", "qkv_strided"], exact=False))
+
+
+@rule("everything_wrong", "every case and every head is wrong: P is not the forward's softmax",
+      "The backward rebuilds P = exp(S - LSE) with S = Q K^T * scale computed exactly as in the "
+      "forward (same scale, same mask) and LSE the forward's natural-log log-sum-exp. Check the "
+      "scores, the exponent and the LSE's broadcasting (one value per query row), then dP and dS.")
+def _everything_wrong(ctx):
+    if ctx.failing and len(ctx.failing) == len(ctx.results) and \
+            all(not bool(t.heads_ok.any()) for r in ctx.failing for t in r.bad()):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("pattern", "no classic mistake fits; here is the pattern that was seen",
+      "Compare the failing and the passing cases in the table: what do the failing ones share, "
+      "which outputs are wrong, and in which rows?")
+def _pattern(ctx):
+    if not ctx.failing:
+        return None
+    r = ctx.failing[0]
+    t = r.bad()[0] if r.bad() else None
+    rows = ""
+    if t is not None and t.row_err.numel() > 1:
+        what = "keys" if t.name in ("dK", "dV") else "rows"
+        rows = f"; in '{r.case.name}', {t.name}: wrong {what} {_ranges(t.bad_rows())} of 0-{t.row_err.numel() - 1}"
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}{rows}"

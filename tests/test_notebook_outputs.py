@@ -1,0 +1,50 @@
+"""Committed notebooks: outputs of a real run that show no machine's absolute paths, and the
+Colab setup cell in sync with flashattn/colab.py."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from flashattn import colab
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted(p for d in ("notebooks", "solutions", "exercises") for p in (ROOT / d).glob("*.ipynb"))
+
+#: an absolute path of some machine: a Unix home, temp, system or Colab folder, or a Windows drive
+ABSOLUTE = re.compile(r"(?<![\w.~])(/(?:work|root|home|tmp|Users|opt|usr|var|private|content|mnt|srv)/[\w.-]+"
+                      r"|\b[A-Za-z]:\\\\?[\w.-]+)")
+
+
+def _output_texts(nb):
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            parts = [out.get("text", "")] + [out.get("evalue", "")] + out.get("traceback", [])
+            for key, value in out.get("data", {}).items():
+                if key.startswith("text/") or key == "application/json":
+                    parts.append(value if isinstance(value, (str, list)) else json.dumps(value))
+            for p in parts:
+                yield "".join(p) if isinstance(p, list) else str(p)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_outputs_show_no_absolute_paths(path):
+    nb = json.loads(path.read_text())
+    found = sorted({m.group(0) for text in _output_texts(nb) for m in ABSOLUTE.finditer(text)})
+    assert not found, f"{path.relative_to(ROOT)} shows absolute paths in its outputs: {found[:5]}"
+
+
+def test_the_pattern_catches_what_it_should():
+    for bad in ("/work/main/flashattn/check.py", "File /root/.pyenv/x.py", "C:\\Users\\ann\\x.py",
+                "see /tmp/lab08_ab12/attn_project"):
+        assert ABSOLUTE.search(bad), bad
+    for fine in ("flashattn/backward.py, lines 3-9", "~/course/x.py", "rows 0-15 of 0-15", "1/sqrt(D)"):
+        assert not ABSOLUTE.search(fine), fine
+
+
+def test_colab_cells_are_current():
+    assert colab.stale(ROOT) == [], "run: python -m flashattn.colab"
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text())
+        first = colab.first_code_cell(nb)
+        assert first is not None and "".join(first["source"]).startswith(colab.MARKER), path
