@@ -18,6 +18,7 @@ hint id            pattern in the table  ->  the usual cause
 ``scale``          output = reference x sqrt(D) or / sqrt(D) -> scale missing or doubled
 ``padding``        only lengths that are not block multiples wrong -> padding not masked
 ``race``           two runs on the same input differ -> several programs add into one address
+``overcount``      output = reference x whole numbers >= 1 -> several threads add one value
 ``delta``          dV right, dK / dQ wrong -> delta = rowsum(dO * O) or dS wrong
 ``lse``            everything off -> P not rebuilt with the forward's LSE
 ``unwritten``      NaN in the output (outputs start as NaN) -> elements never stored
@@ -371,6 +372,16 @@ HINTS: dict[str, Hint] = {h.id: h for h in [
          "order, so the bits still change from run to run. Give every output block to exactly "
          "one program that accumulates in registers and stores once (the dK/dV kernel: one "
          "program per K/V block, looping over the query blocks). Story 001."),
+    Hint("overcount", "too large by a factor >= 1: several threads add the same value into one address",
+         "Every element is a whole multiple of the reference (1x, 2x, ...), many of them 2x or "
+         "more: the same contribution was added more than once. Several threads (or programs) "
+         "were mapped to the same output indices and each added the whole value -- a loop over "
+         "rows that steps by 1 "
+         "where it should step by the number of thread rows (blockDim.y), or a loop that ignores "
+         "threadIdx.y. The factor follows the block shape, and can change from run to run when "
+         "some of those unsynchronised additions are lost. Give each thread unique indices: every "
+         "output element owned by exactly one thread, which accumulates it and stores it once. "
+         "Story 001."),
     Hint("unwritten", "NaN in the output: some elements were never written",
          "Outputs start filled with NaN here, so an element your code never stores shows up. "
          "Check that the grid covers the last, partial block (triton.cdiv(S, BLOCK), not "
@@ -637,6 +648,8 @@ def _diagnose(results) -> list:
         return [HINTS["oob_write"]]
     if _fits_scale(failing, results):
         return [HINTS["scale"]]
+    if all("overcount" in r.fingerprints for r in failing):
+        return [HINTS["overcount"]]
     if _fits_heads(failing):
         return [HINTS["heads"]]
     if all("grad_order" in r.fingerprints for r in failing):
@@ -711,6 +724,11 @@ def _evidence(hint_id: str, results) -> str:
         return f"case '{r.case.name}': {', '.join(r.nondeterministic)} differed between two runs."
     if hint_id == "delta":
         return f"failing cases: {names}; dV passes in every case."
+    if hint_id == "overcount":
+        r = next(r for r in failing if "overcount" in r.fingerprints)
+        parts = [f"{t.name} / reference ~ {t.ratio:.3g}" for t in r.bad() if math.isfinite(t.ratio)]
+        return (f"case '{r.case.name}': {', '.join(parts)} (least-squares factor); "
+                f"failing cases: {names}.")
     return f"failing cases: {names}."
 
 
@@ -1027,7 +1045,27 @@ def _backward_fingerprints(case: Case, inputs: _Inputs, outs: dict, tol: float) 
         found.add("delta")
     if "dK" in outs and "dV" in outs and _matches(outs["dK"], ref.dV, tol) and _matches(outs["dV"], ref.dK, tol):
         found.add("grad_order")
+    expected = {"dQ": ref.dQ, "dK": ref.dK, "dV": ref.dV}
+    if any(n in expected and _overcounted(t, expected[n], tol) for n, t in outs.items()):
+        found.add("overcount")
     return found
+
+
+def _overcounted(actual, expected, tol) -> bool:
+    """actual = c * expected elementwise with whole numbers c >= 1, c >= 2 on a good share of the
+    elements: the signature of one value added by several threads (deterministically: lost
+    updates, which change from run to run, are the two-run comparison's to catch)."""
+    a = actual.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    if a.shape != e.shape or not bool(torch.isfinite(a).all()) or e.numel() == 0:
+        return False
+    big = e.abs() > 1e-3 * float(e.abs().max())
+    if int(big.sum()) < 8:
+        return False
+    r = a[big] / e[big]
+    c = r.round()
+    whole = ((c >= 1) & (c <= 64) & ((r - c).abs() <= max(10 * tol, 1e-4) * c)).double().mean()
+    return float(whole) >= 0.95 and float((c >= 2).double().mean()) >= 0.05
 
 
 def _sum_groups(x, n_kv):
