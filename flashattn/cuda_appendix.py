@@ -226,10 +226,14 @@ def build(edits: Sequence[Edit] = (), *, verbose: bool = False) -> "Kernels":
 
 
 def build_many(edit_lists: Sequence[Sequence[Edit]], *, verbose: bool = False) -> list:
-    """Build several variants at once (each build is mostly one single-threaded compile)."""
+    """Build several variants at once (each build is mostly one single-threaded compile); if the
+    parallel builds fail, build them again one after the other (that error is the one raised)."""
     from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=max(1, len(edit_lists))) as pool:
-        return list(pool.map(lambda e: build(e, verbose=verbose), edit_lists))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(edit_lists))) as pool:
+            return list(pool.map(lambda e: build(e, verbose=verbose), edit_lists))
+    except Exception:           # noqa: BLE001 -- retried below, where a real error surfaces again
+        return [build(e, verbose=verbose) for e in edit_lists]
 
 
 # --------------------------------------------------------------------------------------------
