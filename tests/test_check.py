@@ -292,3 +292,15 @@ def test_origin_warns_when_the_file_changed_after_import(tmp_path, monkeypatch):
 def test_origin_of_the_package_itself_is_flagged():
     _, warnings = check.describe_origin(flashattn.flash_attention)
     assert any("flashattn's own implementation" in w for w in warnings)
+
+
+def test_overcount_is_named():
+    """dK with row n of every 16-key block added min(n + 1, 4) times (story 001's CUDA kernel:
+    a loop that steps through the rows by 1 instead of by blockDim.y): deterministic, so the
+    two-run comparison cannot see it; its shape -- reference x factors >= 1 -- names it."""
+    def overcounted(q, k, v, o, do, lse, causal, scale):
+        dq, dk, dv = make_backward()(q, k, v, o, do, lse, causal, scale)
+        rows = torch.arange(k.shape[2], device=k.device) % 16
+        factor = torch.clamp(rows + 1, max=4).to(dk.dtype)
+        return dq, dk * factor[:, None], dv
+    assert_hint(run_checker(check.attention_backward, overcounted), "overcount")

@@ -314,6 +314,15 @@ def _accumulate(ctx):
     return None
 
 
+_fp("overcount", "too large by whole factors: several threads add the same value into one address",
+    "Every element is a whole multiple of the reference (1x, 2x, ...), many of them 2x or more: "
+    "the same contribution was added more than once. Several threads (or programs) were mapped to "
+    "the same output indices and each added the whole value -- a loop that steps by 1 where it "
+    "should step by the number of threads sharing the work, or that ignores the thread's own "
+    "index. The factor follows the block shape. Give each thread unique indices: every output "
+    "element owned by exactly one thread, which accumulates it and stores it once.")
+
+
 # --------------------------------------------------------------------------------------
 # NaN, writes past the end, constant factors
 # --------------------------------------------------------------------------------------

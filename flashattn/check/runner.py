@@ -272,6 +272,9 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                         raise ShapeError(str(e)) from None
                 if not res.ok and variants is not None:
                     res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol)
+                if any(not t.ok and fingerprints.overcounted(outs[n], expected[n], case_tol)
+                       for n, t in res.tensors.items()):
+                    res.fingerprints.add("overcount")
                 if any(t.nan_computed for t in res.tensors.values()) and not res.oob_reads \
                         and nan_searches < 2 and make is make_inputs:
                     nan_searches += 1
