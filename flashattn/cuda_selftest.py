@@ -84,7 +84,7 @@ CASES = (
 
 
 def _inputs(case, seed: int = 0):
-    from .check import make_input
+    from .check.battery import make_input
     name, B, H, H_kv, S_q, S_k, D, layouts, do_layout = case
     gen = torch.Generator().manual_seed(seed + zlib.crc32(name.encode()))
     dev = torch.device(DEVICE)

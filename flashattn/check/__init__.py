@@ -23,8 +23,10 @@ The checkers and what they call
 * :func:`autograd_function` -- ``fn(q, k, v, causal=..., scale=...) -> o`` (differentiable)
 * :func:`lazy_backward` -- ``fn(q, k, v, bias, tau, do, scale) -> (dq, dk, dv, dbias, dtau)``
 
-Inputs are float32 on the CPU (Triton interpreter) and float16 on a GPU for the kernels, unless
-``dtype=`` says otherwise; ``scale`` is always a float (never None); ``causal`` a bool.
+Inputs are float32 (the PyTorch exercises), or float32 on the CPU and float16 on a GPU (the
+kernels), with one case in float16 everywhere (outputs must come back in the inputs' dtype);
+``dtype=`` runs every case in that dtype instead. ``scale`` is always a float (never None);
+``causal`` a bool.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import runtime
-from .battery import AUTOGRAD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, Case, Output
+from .battery import AUTOGRAD_BATTERY, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, Case, Output
 from . import rules  # noqa: F401  (registers every diagnosis, in order)
 from .diagnose import RULES, ShapeError
 from .fingerprints import backward_variants
@@ -63,7 +65,7 @@ def _default_kernel_dtype():
     return torch.float32 if runtime.INTERPRET else torch.float16
 
 
-def attention_backward(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
+def attention_backward(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                        cases: Optional[Sequence[Case]] = None, seed: int = 0,
                        raise_on_fail: bool = True, show: bool = True) -> CheckResult:
     """Check a PyTorch attention backward written by hand.
@@ -81,12 +83,12 @@ def attention_backward(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = Fa
         return ({"dQ": dq, "dK": dk, "dV": dv}, {"dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV},
                 {"dtypes": {"dQ": x.q.dtype, "dK": x.k.dtype, "dV": x.v.dtype}})
 
-    return run_battery("check.attention_backward", fn, _with_gqa(cases or BATTERY, gqa), run_case,
-                       kind="backward", dtype=dtype, seed=seed, with_do=True,
+    return run_battery("check.attention_backward", fn, _with_gqa(cases or BACKWARD_BATTERY, gqa), run_case,
+                       kind="backward", dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed, with_do=True,
                        variants=_variants("backward"), raise_on_fail=raise_on_fail, show=show)
 
 
-def rebuild_p(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
+def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
               cases: Optional[Sequence[Case]] = None, seed: int = 0,
               raise_on_fail: bool = True, show: bool = True) -> CheckResult:
     """Check rebuilding the softmax from the forward's log-sum-exp.
@@ -108,7 +110,8 @@ def rebuild_p(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
                 "exp2": {"P": torch.exp2(ref.S - lse)}}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,
-                       kind="rebuild_p", dtype=dtype, seed=seed, with_do=False, variants=variants,
+                       kind="rebuild_p", dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed,
+                       with_do=False, variants=variants,
                        raise_on_fail=raise_on_fail, show=show)
 
 
@@ -119,7 +122,7 @@ def _online_cases(cases):
     return tuple(out)
 
 
-def online_softmax(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
+def online_softmax(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                    cases: Optional[Sequence[Case]] = None, seed: int = 0,
                    raise_on_fail: bool = True, show: bool = True) -> CheckResult:
     """Check a forward written with the online softmax, block by block over the keys.
@@ -137,7 +140,8 @@ def online_softmax(fn, *, dtype: torch.dtype = torch.float32, gqa: bool = False,
                 {"dtypes": {"O": x.q.dtype, "LSE": runtime.stats_dtype(x.q.dtype)}})
 
     return run_battery("check.online_softmax", fn, _online_cases(_with_gqa(cases or FORWARD_BATTERY, gqa)),
-                       run_case, kind="online_softmax", dtype=dtype, seed=seed, with_do=False,
+                       run_case, kind="online_softmax", dtype=dtype or torch.float32, dtype_given=dtype is not None,
+                       seed=seed, with_do=False,
                        raise_on_fail=raise_on_fail, show=show)
 
 
@@ -171,7 +175,7 @@ def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 {"guard_touched": {"dQ": out.guard_touched()}, "launches": n})
 
     return run_battery("check.dq_kernel", launch, _with_gqa(cases or BATTERY, gqa), run_case,
-                       kind="dq", dtype=dtype or _default_kernel_dtype(), seed=seed, with_do=True,
+                       kind="dq", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
                        variants=_variants("dq"), role="your launcher", raise_on_fail=raise_on_fail,
                        show=show, precheck=lambda: kernel_not_written(launch))
 
@@ -198,7 +202,7 @@ def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fals
                 {"guard_touched": {"dK": dk.guard_touched(), "dV": dv.guard_touched()}, "launches": n})
 
     return run_battery("check.dkdv_kernel", launch, _with_gqa(cases or BATTERY, gqa), run_case,
-                       kind="dkdv", dtype=dtype or _default_kernel_dtype(), seed=seed, with_do=True,
+                       kind="dkdv", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
                        variants=_variants("dkdv"), role="your launcher", raise_on_fail=raise_on_fail,
                        show=show, precheck=lambda: kernel_not_written(launch))
 
@@ -256,7 +260,7 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
         return outs, refs, {}
 
     return run_battery("check.autograd_function", fn, _with_gqa(cases or AUTOGRAD_BATTERY, gqa),
-                       run_case, kind="autograd", dtype=dtype or _default_kernel_dtype(), seed=seed,
+                       run_case, kind="autograd", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed,
                        with_do=True, variants=_variants("autograd"), raise_on_fail=raise_on_fail,
                        show=show)
 

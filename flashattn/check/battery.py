@@ -124,6 +124,9 @@ BATTERY: tuple[Case, ...] = (
     _c("fp16 inputs", 1, 2, 40, 40, 32, True, dtype=torch.float16),
 )
 
+#: The PyTorch backward exercise (01) in the dtype it asks for: every case but the fp16 one.
+BACKWARD_BATTERY: tuple[Case, ...] = tuple(c for c in BATTERY if c.dtype is None)
+
 #: Cases with grouped-query attention, added with ``gqa=True``.
 GQA_CASES: tuple[Case, ...] = (
     _c("GQA 4 heads / 2 kv", 1, 4, 40, 40, 16, True, H_kv=2),

@@ -96,6 +96,10 @@ _EXCEPTION_IDEAS = [
      "Two operands' shapes do not line up. A value per query row (delta, the LSE) subtracted "
      "from every key of its row must be a column, [..., S_q, 1] (keepdim=True, or [..., None]); "
      "lined up with the keys instead, it only fits when S_q == S_k -- and is wrong there."),
+    (r"same dtype|dtype mismatch|expected scalar type",
+     "Two operands of one operation have different dtypes (fp16 scores and an fp32 LSE, say): "
+     "type promotion makes the result fp32 and the next matrix product refuses to mix it with "
+     "fp16. Cast on purpose (.float() for the arithmetic, .to(q.dtype) for the results)."),
     (r"mat1 and mat2|cannot be multiplied|size mismatch|Expected size for first two dimensions",
      "A matrix product's inner dimensions do not agree: check which operand is transposed "
      "(Q K^T, P^T dO, dO V^T, dS K, dS^T Q) -- the cases with S_q != S_k tell them apart."),

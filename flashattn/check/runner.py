@@ -63,10 +63,11 @@ _TORCH_KERNEL = re.compile(r"at::|at_cuda_detail|elementwise|vectorized|reduce_k
 def count_cuda_launches():
     """Yields a one-element list that, after the block, counts the CUDA kernels launched in it
     that are not PyTorch's own (a CUDA C++ extension's kernels)."""
-    count = [0]
+    count = [None]                       # None: cannot be counted here (no CUDA: an emulation)
     if not torch.cuda.is_available():
         yield count
         return
+    count[0] = 0
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -117,9 +118,9 @@ def watch_guard_reads(inputs: dict):
         cls.create_masked_load = original
 
 
-def launched(launch: Callable, kernel_language: str, *args) -> int:
+def launched(launch: Callable, kernel_language: str, *args) -> Optional[int]:
     """Call ``launch(*args)``; return how many kernels it started (Triton's, or for ``"cuda"``
-    CUDA kernels other than PyTorch's own)."""
+    CUDA kernels other than PyTorch's own; None where that cannot be counted)."""
     counter = count_cuda_launches if kernel_language == "cuda" else count_triton_launches
     with counter() as count:
         launch(*args)
@@ -233,7 +234,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 with_do: bool, raise_on_fail: bool = True, show: bool = True,
                 role: str = "your function", precheck: Optional[Callable] = None,
                 variants: Optional[Callable] = None, make: Callable = make_inputs,
-                tol: Optional[float] = None) -> CheckResult:
+                tol: Optional[float] = None, dtype_given: bool = False) -> CheckResult:
     __tracebackhide__ = True          # IPython: show the learner's cell, not this frame
     origin, origin_warnings = describe_origin(fn, role)
     device = runtime.default_device()
@@ -246,7 +247,8 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             if not_written:
                 res.error = NotImplementedError("kernel body not written")
                 break
-            case_dtype = getattr(case, "dtype", None) or dtype
+            # a case's own dtype (the fp16 case) applies unless the caller asked for one dtype
+            case_dtype = dtype if dtype_given else (getattr(case, "dtype", None) or dtype)
             case_tol = tolerance(case_dtype) if tol is None else tol
             x = make(case, case_dtype, device, seed, with_do)
             try:
