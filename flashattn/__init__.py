@@ -9,7 +9,9 @@ The pieces, in the order data flows through them::
     forward    forward kernel -> O, LSE                          } the lesson kernels,
     backward   delta preprocess, dQ kernel, dK/dV kernel         } what the notebooks
     autograd   FlashAttentionFunction                            } print
-    api        flash_attention(q, k, v, causal=, scale=): lesson or fast kernels
+    ops        the kernels as PyTorch operators (torch.compile, CUDA graphs, opcheck)
+    api        scaled_dot_product_attention (SDPA's signature) and flash_attention: the
+               lesson or the fast kernels
     verify     comparisons with SDPA / the reference, per head, as a table
 
 and beside them: ``fast`` (the tuned kernels flash_attention uses on a GPU), ``bench``
@@ -26,14 +28,14 @@ from .forward import attention_forward
 from .backward import (attention_backward, attention_backward_delta, attention_backward_dq,
                        attention_backward_dkdv)
 from .autograd import FlashAttentionFunction, teaching_flash_attention
-from .api import flash_attention
+from .api import flash_attention, scaled_dot_product_attention
 from .verify import Report, check_attention, compare, sdpa, verify_attention
 from .lazy import LazyAttentionFunction, lazy_attention
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "flash_attention", "FlashAttentionFunction", "teaching_flash_attention",
+    "scaled_dot_product_attention", "flash_attention", "FlashAttentionFunction", "teaching_flash_attention",
     "attention_forward", "attention_backward", "attention_backward_delta",
     "attention_backward_dq", "attention_backward_dkdv",
     "attention_reference", "attention_autograd", "AttentionReference",

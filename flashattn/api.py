@@ -1,20 +1,51 @@
-"""The public entry point: ``flash_attention`` picks the kernels that run.
+"""The public entry points: ``scaled_dot_product_attention`` (SDPA's signature, for models) and
+``flash_attention`` (the lessons' signature). Both pick the kernels that run.
 
 Two implementations pass the same correctness suite: the lesson kernels (``forward.py``,
-``backward.py``, wired into autograd by ``autograd.py``), written to be read, and the tuned
-kernels of ``flashattn.fast``, written to be fast. On a GPU, where the fast ones take the
-inputs (fp16/bf16, a head dim they were built for), they run; everywhere else the lesson ones.
+``backward.py``), written to be read, and the tuned kernels of ``flashattn.fast``, written to be
+fast. On a GPU the fast ones run (fp16, bf16, fp32; any head dim that is a multiple of 8 up to
+256); in the CPU interpreter, the lesson ones. Either way the call goes through the PyTorch
+operators of ``flashattn.ops``, so ``torch.compile``, CUDA graphs and autocast see one operator.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
-from . import fast, runtime
-from .autograd import FlashAttentionFunction
+from . import fast, ops, runtime
 
 IMPLEMENTATIONS = ("auto", "fast", "teaching")
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The dtype autocast would run SDPA in here, or None outside an autocast region."""
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:                      # torch < 2.4: one switch per device type
+        enabled = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return None
+    try:
+        return torch.get_autocast_dtype(device_type)
+    except (AttributeError, TypeError):    # torch < 2.4
+        return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
+
+
+def _run(q, k, v, causal: bool, scale: float, impl: str) -> torch.Tensor:
+    """Validated 4-D inputs -> O, in the inputs' dtype, through the operators."""
+    kernel_dtype = runtime.compute_dtype(q.dtype, q.device)   # warns if bf16 must run in fp32
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    if impl == "auto":
+        impl = "fast" if not runtime.INTERPRET and fast.supports(kernel_dtype, q.shape[-1])[0] else "teaching"
+    elif impl == "fast":
+        ok, why = fast.supports(kernel_dtype, q.shape[-1])
+        if not ok:
+            raise ValueError(why)
+    q_, k_, v_ = (t.to(kernel_dtype) for t in (q, k, v))     # no copy when the dtype is right
+    return ops.attention(q_, k_, v_, causal, scale, impl).to(q.dtype)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -27,24 +58,71 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Gradients flow to whichever of q, k, v require them.
 
     ``impl``: ``"teaching"`` runs the lesson kernels of ``forward.py`` / ``backward.py``;
-    ``"fast"`` the tuned ones of ``flashattn.fast`` (fp16/bf16, power-of-two head dims);
-    ``"auto"`` (default) the fast ones on a GPU where they apply, else the lesson ones.
+    ``"fast"`` the tuned ones of ``flashattn.fast``; ``"auto"`` (default) the fast ones on a
+    GPU, the lesson ones in the CPU interpreter.
 
     bf16 where it cannot be multiplied (the CPU interpreter, GPUs before sm 8.0) runs in fp32
     and is cast back, with a :class:`~flashattn.runtime.BF16FallbackWarning`.
     """
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.validate_causal(causal)
     scale = runtime.validate_scale(scale, q.shape[-1])
-    kernel_dtype = runtime.compute_dtype(q.dtype, q.device)   # warns if bf16 must run in fp32
-    if impl == "auto":
-        fits = fast.supports(kernel_dtype, q.shape[-1])[0]
-        impl = "fast" if fits and not runtime.INTERPRET else "teaching"
-    q_, k_, v_ = (t.to(kernel_dtype) for t in (q, k, v))     # no copy when the dtype is right
-    if impl == "teaching":
-        out = FlashAttentionFunction.apply(q_, k_, v_, causal, scale)
-    else:
-        out = fast.flash_attention_fast(q_, k_, v_, causal=causal, scale=scale)
-    return out.to(q.dtype)
+    return _run(q, k, v, causal, scale, impl)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """A drop-in for ``torch.nn.functional.scaled_dot_product_attention``: the same parameters,
+    in the same order, with the same meaning.
+
+    query ``[..., H, L, E]``, key and value ``[..., H_kv, S, E]`` (any leading dimensions, the
+    same for all three; any strides). ``is_causal``: query i sees keys j <= i (top-left aligned,
+    as SDPA's). ``scale`` defaults to 1/sqrt(E). ``enable_gqa=True`` lets H be a multiple of
+    H_kv (grouped-query attention); without it the head counts must match, as in SDPA.
+    Under ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
+
+    Not supported yet, with a ``NotImplementedError`` that says so: ``attn_mask`` (arbitrary
+    masks), ``dropout_p > 0``, a value head dim unlike the query's.
+    """
+    if attn_mask is not None:
+        raise NotImplementedError("flashattn.scaled_dot_product_attention does not take attn_mask yet "
+                                  "(only is_causal); use torch's SDPA for arbitrary masks")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"flashattn.scaled_dot_product_attention does not do dropout yet "
+                                  f"(dropout_p={dropout_p}); pass dropout_p=0.0")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dimensions [..., L, E], got shape {tuple(t.shape)}")
+    if value.shape[-1] != query.shape[-1]:
+        raise NotImplementedError(f"a value head dim ({value.shape[-1]}) unlike the query's "
+                                  f"({query.shape[-1]}) is not supported yet")
+    if not (query.dim() == key.dim() == value.dim()):
+        raise ValueError(f"query, key, value must have the same number of dimensions, got "
+                         f"{query.dim()}, {key.dim()}, {value.dim()}")
+    if query.dim() >= 3 and query.shape[-3] != key.shape[-3] and not enable_gqa:
+        raise ValueError(f"query has {query.shape[-3]} heads and key {key.shape[-3]}: pass "
+                         "enable_gqa=True for grouped-query attention (as SDPA requires)")
+    if query.shape[:-3] != key.shape[:-3] or key.shape[:-1] != value.shape[:-1]:
+        raise ValueError(f"the leading dimensions must match: query {tuple(query.shape)}, "
+                         f"key {tuple(key.shape)}, value {tuple(value.shape)}")
+    cast = _autocast_dtype(query.device.type)
+    if cast is not None and query.is_floating_point():
+        query, key, value = query.to(cast), key.to(cast), value.to(cast)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    lead = query.shape[:-3]
+
+    def four_d(t):  # [..., H, L, E] -> [B, H, L, E]
+        if t.dim() == 2:
+            return t[None, None]
+        if t.dim() == 3:
+            return t[None]
+        return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
+
+    out = flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale)
+    if query.dim() == 4:
+        return out
+    return out.reshape(*lead, *query.shape[-3:]) if query.dim() > 4 else out.reshape(query.shape)

@@ -28,7 +28,7 @@ from .configs import KernelConfig
 # --------------------------------------------------------------------------------------
 # 1. delta = rowsum(dO * O)
 # --------------------------------------------------------------------------------------
-@triton.jit
+@triton.jit(do_not_specialize=["S_q"])     # a new sequence length compiles nothing new
 def attn_bwd_delta_kernel(
     O, DO, DELTA,
     stride_o_b, stride_o_h, stride_o_s, stride_o_d,

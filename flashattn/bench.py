@@ -307,6 +307,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="a tiny grid that runs anywhere, the CPU interpreter included")
     ap.add_argument("--ablation", action="store_true",
                     help="also measure what each optimisation of the fast path buys (S=4096)")
+    ap.add_argument("--dropin", action="store_true",
+                    help="instead of the grid: what SDPA users meet (head dims 80-256, GQA, S_q != S_k, "
+                         "fp32, autocast, first-call time), flashattn next to SDPA's backends")
     ap.add_argument("--no-precompile", action="store_true",
                     help="let the autotuner compile lazily instead of compiling all variants first")
     args = ap.parse_args(argv)
@@ -324,6 +327,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     env = environment()
+    if args.dropin:
+        return _main_dropin(args, env, argv)
     env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"benchmarking on {env['where']}")
     if not args.no_precompile and any(p.startswith("flashattn-") for p in args.providers):
@@ -352,6 +357,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     if ablation:
         print("\nablation\n" + format_ablation(ablation))
     print(f"\nwrote {out / (stem + '.json')} and {out / (stem + '.png')}")
+    return 0
+
+
+def _main_dropin(args, env, argv) -> int:
+    from . import bench_dropin
+
+    if runtime.INTERPRET:
+        print("No GPU: --dropin times GPU kernels and compiles in fresh processes.", file=sys.stderr)
+        return 2
+    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or "bench_dropin_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
+    first: list = []
+
+    def save(rows):
+        (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows,
+                                                      "first_call": first}, indent=1))
+
+    first.extend(bench_dropin.first_calls())     # before anything compiles in this process
+    rows = bench_dropin.run(args.rep_ms, on_row=save)
+    save(rows)
+    print(bench_dropin.format_table(rows, first))
+    print(f"\nwrote {out / (stem + '.json')}")
     return 0
 
 

@@ -56,7 +56,7 @@ def rand(*shape, dtype=torch.float32, layout="contiguous", device=DEVICE):
 
 
 def per_head_error(actual, expected):
-    return flashattn.verify.per_head_relative_error(actual.double(), expected.double())
+    return flashattn.verify.per_head_relative_error(actual.detach().double(), expected.detach().double())
 
 
 def assert_close_per_head(name, actual, expected, tol):

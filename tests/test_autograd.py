@@ -37,18 +37,18 @@ def test_sum_backward_gives_stride0_grad():
     """out.sum().backward() hands the backward a dO whose strides are all 0."""
     q, k, v = rand(2, 3, 31, 32, layout="bshd"), rand(2, 3, 31, 32), rand(2, 3, 31, 32)
     seen = {}
-    orig = flashattn.autograd.attention_backward
+    orig = flashattn.ops.attention_backward
 
     def spy(q_, k_, v_, o_, do_, *args, **kwargs):
         seen["stride"] = do_.stride()
         return orig(q_, k_, v_, o_, do_, *args, **kwargs)
 
-    flashattn.autograd.attention_backward = spy
+    flashattn.ops.attention_backward = spy
     try:
         ql, kl, vl = _leaf(q), _leaf(k), _leaf(v)
         flash_attention(ql, kl, vl, causal=True).sum().backward()
     finally:
-        flashattn.autograd.attention_backward = orig
+        flashattn.ops.attention_backward = orig
     assert seen["stride"] == (0, 0, 0, 0)
     ref = reference(q, k, v, torch.ones_like(q), causal=True)
     for name, got in (("dQ", ql.grad), ("dK", kl.grad), ("dV", vl.grad)):

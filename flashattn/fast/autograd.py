@@ -96,3 +96,35 @@ def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
                         fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5,
                                                 fused=fused, warmup=True)
     return time.perf_counter() - t0
+
+
+_prepared: set = set()
+_pool = None
+
+
+def prepare_backward(q, k, v, o, lse, causal: bool, scale: float) -> None:
+    """Compile the backward's kernels for inputs like these in a background thread, the first
+    time such inputs come: by the time autograd calls the backward, they are ready, so a first
+    forward + backward costs about one compile instead of four in a row. (Triton's compiler
+    spends its time in C++ passes and ptxas, so the threads really run side by side.)"""
+    global _pool
+    if runtime.INTERPRET:
+        return
+    key = (q.dtype, q.shape[-1], causal, q.shape[1] == k.shape[1], q.device)
+    if key in _prepared:
+        return
+    _prepared.add(key)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..backward import attn_bwd_delta_kernel
+
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="flashattn-compile")
+    do = torch.empty_like(o)                     # shapes and strides like the real call's dO
+    delta = torch.empty_like(lse)
+    D = q.shape[-1]
+    _pool.submit(fast_attention_backward, q, k, v, o, do, lse, causal, scale, True, False, warmup=True)
+    _pool.submit(fast_attention_backward, q, k, v, o, do, lse, causal, scale, False, True, warmup=True)
+    _pool.submit(attn_bwd_delta_kernel.warmup, o, do, delta, *o.stride(), *do.stride(), *delta.stride(),
+                 q.shape[1], q.shape[2], D, BLOCK_M=64, BLOCK_D=runtime.head_dim_block(D),
+                 grid=(1,), num_warps=4, num_stages=1)

@@ -1,0 +1,92 @@
+"""The kernels as PyTorch operators, so that PyTorch's machinery can see them.
+
+``torch.library.custom_op`` registers two operators, ``flashattn::attention_forward`` and
+``flashattn::attention_backward``, each with a *fake* implementation (what it returns, in shape
+and dtype, without running: how ``torch.compile`` and ``torch.export`` trace through them) and
+the forward with its autograd formula (the backward operator). What that buys:
+
+* ``torch.compile(fullgraph=True)`` compiles a model that calls them with no graph break (the
+  operators stay opaque: inductor calls them, and fuses everything around them);
+* CUDA graphs capture them (nothing in them synchronises, and the tiles are fixed once warm);
+* ``torch.library.opcheck`` checks the registrations.
+
+Which kernels run is an argument of the operators (``impl``: "fast" or "teaching"), chosen by
+``flashattn.api`` from the inputs; a gradient nobody asked for is not computed (the operator
+returns an empty tensor in its place, which autograd turns back into None).
+"""
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from . import runtime
+from .backward import attention_backward
+from .fast import fast_attention_backward, fast_attention_forward
+from .fast.autograd import prepare_backward
+from .forward import attention_forward
+
+IMPLS = ("fast", "teaching")
+
+
+@custom_op("flashattn::attention_forward", mutates_args=())
+def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                         scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, LSE) of attention; inputs validated and in a dtype the kernels take (``flashattn.api``)."""
+    if impl == "fast":
+        o, lse = fast_attention_forward(q, k, v, causal, scale)
+        prepare_backward(q, k, v, o, lse, causal, scale)     # compiles in the background, once
+        return o, lse
+    return attention_forward(q, k, v, causal, scale)
+
+
+@attention_forward_op.register_fake
+def _(q, k, v, causal, scale, impl):
+    B, H, S_q, D = q.shape
+    return q.new_empty(B, H, S_q, D), q.new_empty(B, H, S_q, dtype=runtime.stats_dtype(q.dtype))
+
+
+@custom_op("flashattn::attention_backward", mutates_args=())
+def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, impl: str,
+                          needs_dq: bool, needs_dkdv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV); a gradient not asked for comes back as an empty tensor."""
+    if impl == "fast":
+        dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, causal, scale,
+                                             needs_dq=needs_dq, needs_dkdv=needs_dkdv)
+    else:
+        dq, dk, dv = attention_backward(q, k, v, o, do, lse, causal, scale,
+                                        needs_dq=needs_dq, needs_dkdv=needs_dkdv)
+    def given(t):     # a fresh empty tensor for each gradient not asked for (returns must not alias)
+        return t if t is not None else q.new_empty(0)
+    return given(dq), given(dk), given(dv)
+
+
+@attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, causal, scale, impl, needs_dq, needs_dkdv):
+    return (q.new_empty(q.shape if needs_dq else (0,)), k.new_empty(k.shape if needs_dkdv else (0,)),
+            v.new_empty(v.shape if needs_dkdv else (0,)))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale, impl = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)       # O(S) per row: no S_q x S_k matrix
+    ctx.causal, ctx.scale, ctx.impl = causal, scale, impl
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
+    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.impl,
+                                       needs_q, needs_k or needs_v)
+    return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
+            None, None, None)
+
+
+attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
+              impl: str) -> torch.Tensor:
+    """O of attention through the operators (differentiable)."""
+    return attention_forward_op(q, k, v, causal, scale, impl)[0]
