@@ -236,6 +236,7 @@ def selftest(timing: bool = True, json_path: Optional[str] = None) -> bool:
     def reference():
         rows = check_reference(found["real"], (Tiling(32, 32, 4), Tiling(16, 64, 2), Tiling(64, 16, 8)))
         found["comparisons"] = len(rows)
+        found["over_tolerance"] = [(r.name, r.worst_rel) for r in rows if not r.ok][:40]
         verdict(all(r.ok for r in rows), "every comparison within 1e-4 (worst head)")
 
     def checkers():
@@ -307,6 +308,7 @@ def selftest(timing: bool = True, json_path: Optional[str] = None) -> bool:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "date": time.strftime("%Y-%m-%d"), "timings": found.get("timings", []),
                        "race_factors": {str(k): v for k, v in found.get("factors", {}).items()},
+                       "over_tolerance": found.get("over_tolerance", []),
                        "failures": failures}, f, indent=1)
         print(f"   wrote {json_path}")
     took = time.time() - t0

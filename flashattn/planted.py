@@ -199,6 +199,8 @@ _ENTRIES = [
        "padded query rows do not get P = 0", "notebooks/04"),
     _p("dkdv.do_rows_unmasked", _DKDV, [_rows_unmasked("do")], "dO loaded past S_q without the row mask", "notebooks/04"),
     _p("dkdv.q_rows_unmasked", _DKDV, [_rows_unmasked("q")], "Q loaded past S_q without the row mask", "notebooks/04"),
+    _p("dkdv.key_mask_uses_S_q", _DKDV, [Edit("col_ok = offs_n < S_k", "col_ok = offs_n < S_q")],
+       "the key mask compares with S_q", _TESTS),
     _p("dkdv.rows_unmasked", _DKDV, [Edit("mask=row_ok[:, None] & d_ok[None, :], other=0.0)", "mask=d_ok[None, :], other=0.0)", 2),
                                      Edit("visible = row_ok[None, :] & col_ok[:, None]", "visible = col_ok[:, None]")],
        "Q and dO loaded past S_q without the row mask, and P not masked there", _TESTS),

@@ -37,18 +37,23 @@ def test_sum_backward_gives_stride0_grad():
     """out.sum().backward() hands the backward a dO whose strides are all 0."""
     q, k, v = rand(2, 3, 31, 32, layout="bshd"), rand(2, 3, 31, 32), rand(2, 3, 31, 32)
     seen = {}
-    orig = flashattn.ops.attention_backward
+    names = ("attention_backward", "fast_attention_backward")     # whichever kernels run here
+    originals = {n: getattr(flashattn.ops, n) for n in names}
 
-    def spy(q_, k_, v_, o_, do_, *args, **kwargs):
-        seen["stride"] = do_.stride()
-        return orig(q_, k_, v_, o_, do_, *args, **kwargs)
+    def spy(name):
+        def call(q_, k_, v_, o_, do_, *args, **kwargs):
+            seen["stride"] = do_.stride()
+            return originals[name](q_, k_, v_, o_, do_, *args, **kwargs)
+        return call
 
-    flashattn.ops.attention_backward = spy
+    for n in names:
+        setattr(flashattn.ops, n, spy(n))
     try:
         ql, kl, vl = _leaf(q), _leaf(k), _leaf(v)
         flash_attention(ql, kl, vl, causal=True).sum().backward()
     finally:
-        flashattn.ops.attention_backward = orig
+        for n in names:
+            setattr(flashattn.ops, n, originals[n])
     assert seen["stride"] == (0, 0, 0, 0)
     ref = reference(q, k, v, torch.ones_like(q), causal=True)
     for name, got in (("dQ", ql.grad), ("dK", kl.grad), ("dV", vl.grad)):

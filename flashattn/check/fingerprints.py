@@ -38,6 +38,9 @@ def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor, dP=None, delta=None, d
     dP = ref.dP if dP is None else dP
     delta = ref.delta[..., None] if delta is None else delta
     dS = P * (dP - delta) if dS is None else dS
+    # where the kernel works in fp32, a wrong P (exp of unscaled scores, say) overflows to inf
+    # and then NaN in fp32 though it stays finite in fp64: round through the kernel's dtype
+    P, dS = (t.to(x.lse.dtype).to(torch.float64) for t in (P, dS))
     return {"dQ": dS @ k_full * s,
             "dK": sum_groups(dS.transpose(-1, -2) @ q, Hk) * s,
             "dV": sum_groups(P.transpose(-1, -2) @ ref.dO, Hk)}
@@ -59,12 +62,12 @@ def _tile_transposed(values: torch.Tensor, case: Case, block: int) -> torch.Tens
     """[..., S_q, S_k]: a per-row vector broadcast along the wrong axis of a square tile
     (``v[None, :]`` where ``v[:, None]`` belongs): tile element (i, j) gets the value of row
     ``tile_start(i) + j % block`` (0 past the end: a masked load)."""
-    i = torch.arange(case.S_q)[:, None]
-    j = torch.arange(case.S_k)[None, :]
+    i = torch.arange(case.S_q, device=values.device)[:, None]
+    j = torch.arange(case.S_k, device=values.device)[None, :]
     idx = (i // block) * block + j % block
     ok = idx < case.S_q
     picked = values[..., idx.clamp_max(case.S_q - 1)]
-    return torch.where(ok, picked, torch.zeros((), dtype=values.dtype))
+    return torch.where(ok, picked, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
 def _mask(case: Case, P: torch.Tensor) -> torch.Tensor:

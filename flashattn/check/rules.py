@@ -181,6 +181,49 @@ def _stride(ctx):
 _INPUT_NAMES = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta"}
 
 
+def _past_other_length(query_side: bool):
+    """Rows S_k..S_q-1 of dQ / O / LSE never written (or keys S_q..S_k-1 of dK / dV), and only
+    where S_q != S_k: a row mask with S_k where S_q belongs (a key mask with S_q). It comes
+    before read_past_end: the same mask also lets loads past the end through when the other
+    length is the larger, and the missing rows say which mask it is."""
+    def test(ctx):
+        if not ctx.failing or any(r.case.S_q == r.case.S_k for r in ctx.failing):
+            return None
+        hits = []
+        for r, t in ctx.bad_tensors():
+            if not t.unwritten:
+                continue
+            keys = t.name in ("dK", "dV")
+            if keys == query_side:
+                continue
+            own, other = (r.case.S_k, r.case.S_q) if keys else (r.case.S_q, r.case.S_k)
+            if not (other < own and t.bad_rows() == list(range(other, own))):
+                return None
+            hits.append((r, t))
+        if not hits:
+            return None
+        r, t = hits[0]
+        what, length = ("keys", "S_q") if not query_side else ("rows", "S_k")
+        return (f"{what} {r.case.S_k if query_side else r.case.S_q}-{(r.case.S_q if query_side else r.case.S_k) - 1} "
+                f"of {t.name} never written in '{r.case.name}' (S_q={r.case.S_q}, S_k={r.case.S_k}): "
+                f"exactly the {what} from {length} on; {ctx.case_pattern()}")
+    return test
+
+
+rule("row_mask_length", "the query rows are bounded by S_k: a row mask or bound uses the wrong length",
+     "The query rows from S_k on were never written: a row mask (or the loop, or the grid) is "
+     "bounded by S_k where S_q belongs. Query rows -- Q, dO, LSE, delta, dQ, O -- are masked "
+     "with `rows < S_q`, keys -- K, V, dK, dV -- with `keys < S_k`. Where S_q < S_k the same "
+     "mask lets loads and stores run past the end of the query-side tensors.",
+     )(_past_other_length(query_side=True))
+
+rule("key_mask_length", "the keys are bounded by S_q: a key mask or bound uses the wrong length",
+     "The keys from S_q on were never written: a key mask (or the loop, or the grid) is bounded "
+     "by S_q where S_k belongs. Keys -- K, V, dK, dV -- are masked with `keys < S_k`, query rows "
+     "with `rows < S_q`.",
+     )(_past_other_length(query_side=False))
+
+
 @rule("read_past_end", "a load reads past the end of a tensor (a mask is missing)",
       "The memory around every input holds NaN here, and your code read it: some load reaches "
       "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "

@@ -20,6 +20,7 @@ import torch
 from .. import runtime
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
+from .tuning import ArgSpec
 
 #: head dims the fast kernels take: multiples of 8 up to 256 (padded to a power of two inside)
 HEAD_DIMS = tuple(range(8, 257, 8))
@@ -88,8 +89,8 @@ def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
     with triton.AsyncCompileMode(ThreadPoolExecutor(workers or os.cpu_count() or 4)):
         for dtype in dtypes:
             for D in head_dims:
-                q, k, v, o, do = (torch.empty(1, 2, 128, D, dtype=dtype, device="cuda") for _ in range(5))
-                lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
+                q, k, v, o, do = (ArgSpec((1, 2, 128, D), dtype, torch.device("cuda")) for _ in range(5))
+                lse = ArgSpec((1, 2, 128), torch.float32, torch.device("cuda"))
                 for causal in causals:
                     fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True)
                     for fused in (False, True):
@@ -108,7 +109,7 @@ def prepare_backward(q, k, v, o, lse, causal: bool, scale: float) -> None:
     forward + backward costs about one compile instead of four in a row. (Triton's compiler
     spends its time in C++ passes and ptxas, so the threads really run side by side.)"""
     global _pool
-    if runtime.INTERPRET:
+    if runtime.INTERPRET or torch.cuda.is_current_stream_capturing():
         return
     key = (q.dtype, q.shape[-1], causal, q.shape[1] == k.shape[1], q.device)
     if key in _prepared:
@@ -120,8 +121,10 @@ def prepare_backward(q, k, v, o, lse, causal: bool, scale: float) -> None:
 
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="flashattn-compile")
-    do = torch.empty_like(o)                     # shapes and strides like the real call's dO
-    delta = torch.empty_like(lse)
+    # Compiling needs what the arguments look like, not their values: specs, no tensors (no
+    # memory taken, none held; see ``tuning.ArgSpec``). dO is taken to be laid out like O.
+    q, k, v, o, lse = (ArgSpec.like(t) for t in (q, k, v, o, lse))
+    do, delta = o, ArgSpec(lse.shape, lse.dtype, lse.device)
     D = q.shape[-1]
     _pool.submit(fast_attention_backward, q, k, v, o, do, lse, causal, scale, True, False, warmup=True)
     _pool.submit(fast_attention_backward, q, k, v, o, do, lse, causal, scale, False, True, warmup=True)

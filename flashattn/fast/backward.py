@@ -216,7 +216,7 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too)."""
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    delta = torch.empty_like(lse) if warmup else attention_backward_delta(o, do)
+    delta = tuning.ArgSpec(lse.shape, lse.dtype, lse.device) if warmup else attention_backward_delta(o, do)
     S_BUCKET = tuning.bucket(S_q, S_k)
     common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
               lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1))
@@ -224,16 +224,20 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     meta = tuning.constants(q, causal)
     dq = dk = dv = None
     if needs_dq and not fused:
-        dq = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
+        dq = tuning.output((B, H, S_q, D), q.dtype, q.device, warmup)
         args = (q, k, v, do, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
                 H, H // H_kv, S_q, S_k, scale, S_BUCKET)
         tuning.run("dq", fast_dq_kernel, _tuned_dq, lambda m: (triton.cdiv(S_q, m["BLOCK_M"]), B * H),
                    args, meta, config=config, warmup=warmup)
     if needs_dkdv:
-        dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)
-        dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
+        dk = tuning.output((B, H_kv, S_k, D), k.dtype, k.device, warmup)
+        dv = tuning.output((B, H_kv, S_k, D), v.dtype, v.device, warmup)
         # fused: atomics add into an fp32 buffer; otherwise the argument is a placeholder
-        dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device) if fused else dk
+        if fused:
+            dq_acc = (tuning.ArgSpec((B, H, S_q, D), torch.float32, q.device) if warmup
+                      else torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device))
+        else:
+            dq_acc = dk
         args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common,
                 dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
                 dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
@@ -241,6 +245,6 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
         tuning.run("fused" if fused else "dkdv", fast_dkdv_kernel, _tuned_fused if fused else _tuned_dkdv,
                    lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args, dict(meta, FUSED_DQ=fused),
                    config=config, warmup=warmup)
-        if fused:
+        if fused and not warmup:
             dq = dq_acc.to(q.dtype)
     return dq, dk, dv

@@ -142,8 +142,8 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
     (``fast.supports``): fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides."""
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    o = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
-    lse = runtime.new_output((B, H, S_q), torch.float32, q.device)
+    o = tuning.output((B, H, S_q, D), q.dtype, q.device, warmup)
+    lse = tuning.output((B, H, S_q), torch.float32, q.device, warmup)
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(),
             o.stride(0), o.stride(1), o.stride(2),
             lse.stride(0), lse.stride(1),

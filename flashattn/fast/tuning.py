@@ -32,6 +32,40 @@ LN2 = tl.constexpr(0.6931471805599453)
 KERNELS = {"fwd": "fast_fwd", "dq": "fast_dq", "dkdv": "fast_dkdv", "fused": "fast_dkdv"}
 
 
+class ArgSpec:
+    """What compiling a kernel needs of a tensor argument -- dtype, shape, strides, device and
+    the address's alignment -- without the tensor (like Triton's ``MockTensor``, with real
+    strides). Warm-ups run on these so they allocate nothing and hold no tensor: a warm-up in a
+    background thread must not take memory from a CUDA graph's pool being recorded."""
+
+    def __init__(self, shape, dtype, device, stride=None, data_ptr: int = 0):
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+        if stride is None:   # contiguous
+            stride, step = [], 1
+            for size in reversed(self.shape):
+                stride.insert(0, step)
+                step *= size
+        self._stride, self._data_ptr = tuple(stride), data_ptr % 16   # alignment is all that counts
+
+    @classmethod
+    def like(cls, t) -> "ArgSpec":
+        return t if isinstance(t, cls) else cls(t.shape, t.dtype, t.device, t.stride(), t.data_ptr())
+
+    def stride(self, dim: int | None = None):
+        return self._stride if dim is None else self._stride[dim]
+
+    def data_ptr(self) -> int:
+        return self._data_ptr
+
+    def element_size(self) -> int:
+        return self.dtype.itemsize
+
+
+def output(shape, dtype, device, warmup: bool):
+    """A new output tensor, or for a warm-up its ``ArgSpec``."""
+    return ArgSpec(shape, dtype, device) if warmup else runtime.new_output(shape, dtype, device)
+
+
 def bucket(S_q: int, S_k: int) -> int:
     """One integer naming the (S_q, S_k) bucket: next powers of two, packed."""
     return triton.next_power_of_2(S_q) * (1 << 24) + triton.next_power_of_2(S_k)
