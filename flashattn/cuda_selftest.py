@@ -111,7 +111,10 @@ def check_reference(kernels, tilings: Sequence, cases=None, show: bool = True):
                 tag = f"{case[0]}, {'causal' if causal else 'full'}, {t.block_m}x{t.block_n}/{t.threads_y}"
                 for n, a, e in (("O", o, ref.O), ("LSE", lse, ref.LSE), ("dQ", dq, ref.dQ),
                                 ("dK", dk, ref.dK), ("dV", dv, ref.dV)):
-                    rows.append(compare(f"{tag}: {n}", a, e, tol=1e-4))
+                    # floor: with one key, P = 1 and dS = P (dP - delta) = 0, so dQ and dK are
+                    # exactly 0 and the reference holds only rounding (~1e-17): measure errors
+                    # against at least 1e-2 (every other head's norm is far above it)
+                    rows.append(compare(f"{tag}: {n}", a, e, tol=1e-4, floor=1e-2))
     if show:
         bad = [r for r in rows if not r.ok]
         worst = max(rows, key=lambda r: r.worst_rel)

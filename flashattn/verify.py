@@ -69,9 +69,11 @@ def per_head_relative_error(actual: torch.Tensor, expected: torch.Tensor, *, hea
 
 
 def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, *,
-            tol: Optional[float] = None, dtype: Optional[torch.dtype] = None) -> Comparison:
+            tol: Optional[float] = None, dtype: Optional[torch.dtype] = None,
+            floor: float = 0.0) -> Comparison:
     """Compare ``actual`` with ``expected``; ``tol`` defaults to the tolerance of ``dtype``
-    (itself defaulting to ``actual.dtype``)."""
+    (itself defaulting to ``actual.dtype``). ``floor`` bounds each norm of the reference from
+    below, for references that are 0 up to rounding (see :func:`per_head_relative_error`)."""
     if actual.shape != expected.shape:
         raise ValueError(f"{name}: shape {tuple(actual.shape)} differs from the reference's "
                          f"{tuple(expected.shape)}")
@@ -80,9 +82,9 @@ def compare(name: str, actual: torch.Tensor, expected: torch.Tensor, *,
     finite = bool(torch.isfinite(a).all())
     diff = (a - e).abs()
     max_abs = float(diff.max()) if diff.numel() else 0.0
-    rel = float((a - e).norm() / e.norm().clamp_min(torch.finfo(torch.float64).tiny))
+    rel = float((a - e).norm() / e.norm().clamp_min(max(floor, torch.finfo(torch.float64).tiny)))
     if a.dim() >= 3:
-        heads = per_head_relative_error(a, e)
+        heads = per_head_relative_error(a, e, floor=floor)
         flat = int(torch.nan_to_num(heads, nan=math.inf).argmax())
         worst = divmod(flat, heads.shape[1])
         worst_rel = float(heads.flatten()[flat])

@@ -120,6 +120,18 @@ def test_dq_kernel_planted(bug):
     assert phrase in r.diagnosis(), r.diagnosis()
 
 
+@pytest.mark.parametrize("bug", ["dq.unscaled_scores", "dkdv.unscaled_scores"])
+def test_unscaled_scores_named_in_fp16(bug):
+    """On a GPU the kernel checkers run in fp16, where P from unscaled scores overflows (fp16
+    ends at 65504) into inf and NaN: the fingerprint must overflow the same way."""
+    checker, launch = (check.dq_kernel, launch_dq_direct) if bug.startswith("dq") else \
+        (check.dkdv_kernel, launch_dkdv_direct)
+    with planted.plant(bug):
+        r = run_checker(checker, launch, dtype=torch.float16)
+    assert any(not t.finite for c in r.results for t in c.tensors.values()), "no overflow: the test shows nothing"
+    assert_hint(r, "scale_in_scores")
+
+
 def test_dkdv_kernel_correct_passes():
     assert_clean(run_checker(check.dkdv_kernel, launch_dkdv))
     assert_clean(run_checker(check.dkdv_kernel, launch_dkdv_direct))

@@ -101,8 +101,8 @@ def test_fp32_uses_tf32_only_when_torch_allows_it():
 
 def test_auto_uses_fast_path_on_gpu_only(monkeypatch):
     calls = []
-    real = fast.flash_attention_fast
-    monkeypatch.setattr(fast, "flash_attention_fast", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = flashattn.ops.fast_attention_forward        # what the custom op runs for the fast path
+    monkeypatch.setattr(flashattn.ops, "fast_attention_forward", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     dtype = torch.float16
     q = rand(1, 2, 32, 64, dtype=dtype)
     flashattn.flash_attention(q, q, q)

@@ -1,4 +1,5 @@
 """Runtime policy: interpreter switch, NumPy-proof interpreter, dtypes, poisoned outputs."""
+import inspect
 import os
 
 import numpy as np
@@ -69,8 +70,8 @@ def test_current_interpreter_is_left_alone():
     from triton.runtime import interpreter
 
     fn = getattr(interpreter, "_patch_lang_tensor", None)
-    if fn is None or getattr(fn, "_flashattn_wrapped", False):
-        pytest.skip("this Triton's interpreter needed the wrap (triton < 3.7)")
+    if fn is not None and "int(self.handle.data)" in inspect.getsource(inspect.unwrap(fn)):
+        pytest.skip("this Triton's interpreter needs the wrap (triton < 3.7)")
     assert not runtime._make_interpreter_index_numpy_proof()
 
 

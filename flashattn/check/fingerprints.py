@@ -38,12 +38,15 @@ def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor, dP=None, delta=None, d
     dP = ref.dP if dP is None else dP
     delta = ref.delta[..., None] if delta is None else delta
     dS = P * (dP - delta) if dS is None else dS
-    # where the kernel works in fp32, a wrong P (exp of unscaled scores, say) overflows to inf
-    # and then NaN in fp32 though it stays finite in fp64: round through the kernel's dtype
-    P, dS = (t.to(x.lse.dtype).to(torch.float64) for t in (P, dS))
-    return {"dQ": dS @ k_full * s,
-            "dK": sum_groups(dS.transpose(-1, -2) @ q, Hk) * s,
-            "dV": sum_groups(P.transpose(-1, -2) @ ref.dO, Hk)}
+    # A kernel casts P and dS to the inputs' dtype for its tensor-core products (dV += P^T dO,
+    # dQ += dS K): a wrong P (exp of unscaled scores, say) overflows there -- fp16 ends at
+    # 65504 -- and turns inf and NaN, though it stays finite in fp64. Round the same way.
+    P, dS = (t.to(x.q.dtype).to(torch.float64) for t in (P, dS))
+    grads = {"dQ": dS @ k_full * s,
+             "dK": sum_groups(dS.transpose(-1, -2) @ q, Hk) * s,
+             "dV": sum_groups(P.transpose(-1, -2) @ ref.dO, Hk)}
+    # stored in the inputs' dtype, where a gradient past 65504 is inf in fp16
+    return {n: g.to(x.q.dtype).to(torch.float64) for n, g in grads.items()}
 
 
 def _visited(case: Case, kind: str, block: int, device) -> torch.Tensor:
