@@ -13,6 +13,11 @@ the forward with its autograd formula (the backward operator). What that buys:
 Which kernels run is an argument of the operators (``impl``: "fast" or "teaching"), chosen by
 ``flashattn.api`` from the inputs; a gradient nobody asked for is not computed (the operator
 returns an empty tensor in its place, which autograd turns back into None).
+
+Eager calls skip the operators and run the same two functions through a plain
+``torch.autograd.Function``: PyTorch wraps a custom operator's body so that TorchDynamo stays
+out of it, and the first call of such a body imports TorchDynamo (sympy and all: 1-2 s with
+Python's bytecode cached, 5 s without), a price an eager training loop need not pay.
 """
 from __future__ import annotations
 
@@ -28,9 +33,8 @@ from .forward import attention_forward
 IMPLS = ("fast", "teaching")
 
 
-@custom_op("flashattn::attention_forward", mutates_args=())
-def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                         scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE) of attention; inputs validated and in a dtype the kernels take (``flashattn.api``)."""
     if impl == "fast":
         o, lse = fast_attention_forward(q, k, v, causal, scale)
@@ -39,14 +43,16 @@ def attention_forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caus
     return attention_forward(q, k, v, causal, scale)
 
 
+attention_forward_op = custom_op("flashattn::attention_forward", forward_kernels, mutates_args=())
+
+
 @attention_forward_op.register_fake
 def _(q, k, v, causal, scale, impl):
     B, H, S_q, D = q.shape
     return q.new_empty(B, H, S_q, D), q.new_empty(B, H, S_q, dtype=runtime.stats_dtype(q.dtype))
 
 
-@custom_op("flashattn::attention_backward", mutates_args=())
-def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def backward_kernels(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, impl: str,
                           needs_dq: bool, needs_dkdv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV); a gradient not asked for comes back as an empty tensor."""
@@ -59,6 +65,9 @@ def attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
     def given(t):     # a fresh empty tensor for each gradient not asked for (returns must not alias)
         return t if t is not None else q.new_empty(0)
     return given(dq), given(dk), given(dv)
+
+
+attention_backward_op = custom_op("flashattn::attention_backward", backward_kernels, mutates_args=())
 
 
 @attention_backward_op.register_fake
@@ -86,7 +95,32 @@ def _backward(ctx, do, dlse):
 attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+class EagerAttention(torch.autograd.Function):
+    """The operators' bodies for eager calls (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, scale: float, impl: str):
+        o, lse = forward_kernels(q, k, v, causal, scale, impl)
+        _setup_context(ctx, (q, k, v, causal, scale, impl), (o, lse))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
+        dq, dk, dv = backward_kernels(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.impl,
+                                      needs_q, needs_k or needs_v)
+        return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
+                None, None, None)
+
+
+#: tensor types of eager calls; anything else (FakeTensor, FunctionalTensor: tracing) takes the operators
+_EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
               impl: str) -> torch.Tensor:
-    """O of attention through the operators (differentiable)."""
-    return attention_forward_op(q, k, v, causal, scale, impl)[0]
+    """O of attention (differentiable): through the operators when traced or compiled."""
+    if torch.compiler.is_compiling() or any(type(t) not in _EAGER_TYPES for t in (q, k, v)):
+        return attention_forward_op(q, k, v, causal, scale, impl)[0]
+    return EagerAttention.apply(q, k, v, causal, scale, impl)

@@ -67,6 +67,20 @@ def test_operators_pass_opcheck():
                                                        lse.detach(), True, 0.25, impl, True, True))
 
 
+def test_eager_call_does_not_import_dynamo():
+    """Eager calls run the kernels through a plain autograd.Function: a custom operator's first
+    call would import TorchDynamo (seconds of a first step) -- see flashattn.ops."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, flashattn\n"
+            f"q, k, v = (torch.randn(1, 2, 16, 32, device='{DEVICE}', requires_grad=True) for _ in range(3))\n"
+            "flashattn.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()\n"
+            "print('torch._dynamo' in sys.modules, q.grad is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["False", "True"], out.stdout
+
+
 def _block(x, qkv, attention):
     B, S, _ = x.shape
     q, k, v = qkv(x).view(B, S, 3, 4, 16).permute(2, 0, 3, 1, 4)
@@ -81,6 +95,7 @@ def test_torch_compile_fullgraph_no_graph_break(backend):
     model = lambda x: _block(x, qkv, flashattn.scaled_dot_product_attention)  # noqa: E731
     explained = torch._dynamo.explain(model)(x)
     assert explained.graph_break_count == 0, explained.break_reasons
+    assert "flashattn.attention_forward" in str(explained.graphs[0].graph)   # the operator, traced
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     out = compiled(x)
     out.sum().backward()
