@@ -88,6 +88,15 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "lazy_dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
 }
 
+#: The lesson kernels with fp32 inputs: fp32 tiles take twice the memory and tf32x3 products
+#: three passes, so smaller tiles win (an H100 sweep: 32 x 64 and 64 x 32 were best at D=128,
+#: 128 x 64 at D=64, where it fits).
+FP32_CANDIDATES: dict[str, list[KernelConfig]] = {
+    "fwd": [_c(128, 64, 8, 3), _c(32, 64, 4, 2), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "dq": [_c(128, 64, 8, 3), _c(32, 64, 4, 2), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+    "dkdv": [_c(64, 32, 4, 2), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
+}
+
 #: What each kernel keeps in shared memory looks like one of three layouts (see below).
 LAYOUT = {"fwd": "fwd", "dq": "dq", "dkdv": "dkdv", "delta": "delta",
           "fast_fwd": "fwd", "fast_dq": "dq", "fast_dkdv": "dkdv",
@@ -168,7 +177,7 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[Ke
     """The candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
     best first (the smallest candidate if none fits: let the compiler have the last word)."""
     block_d = runtime.head_dim_block(head_dim)
-    cands = CANDIDATES[kernel]
+    cands = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
     fits = [c for c in cands if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
     return tuple(fits or cands[-1:])
 

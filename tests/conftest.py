@@ -55,14 +55,22 @@ def rand(*shape, dtype=torch.float32, layout="contiguous", device=DEVICE):
     raise ValueError(layout)
 
 
-def per_head_error(actual, expected):
-    return flashattn.verify.per_head_relative_error(actual.detach().double(), expected.detach().double())
+#: Floor of a head's reference norm in the relative error. Some heads' gradients are exactly 0
+#: (one visible key: P = 1, dS = P (dP - delta) = 0): the float64 reference then holds 0 or
+#: rounding, a kernel's fp32 (tf32x3) rounding ~1e-7, and their ratio means nothing. Real
+#: gradient heads of these random inputs have norms far above 1e-2.
+HEAD_NORM_FLOOR = 1e-2
+
+
+def per_head_error(actual, expected, floor: float = 0.0):
+    return flashattn.verify.per_head_relative_error(actual.detach().double(), expected.detach().double(),
+                                                    floor=floor)
 
 
 def assert_close_per_head(name, actual, expected, tol):
     assert actual.shape == expected.shape, f"{name}: shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
     assert torch.isfinite(actual).all(), f"{name}: NaN/inf in output (unwritten elements?)"
-    err = per_head_error(actual, expected)
+    err = per_head_error(actual, expected, HEAD_NORM_FLOOR)
     worst = float(err.max())
     assert worst <= tol, f"{name}: worst head rel err {worst:.2e} > {tol:.0e}; per head:\n{err}"
 
