@@ -88,6 +88,15 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "lazy_dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
 }
 
+#: The fast kernels' first choice by head-dim class (D <= 64, D > 64): the best geometric mean
+#: over the benchmark grid (S = 1k, 4k, 16k; causal or not; fp16) in an H100 sweep of every
+#: candidate (2026-11-23). The others follow in the order above.
+PREFERRED: dict[tuple[str, int], KernelConfig] = {
+    ("fast_fwd", 64): _c(128, 64, 8, 3), ("fast_fwd", 128): _c(128, 128, 8, 3),
+    ("fast_dq", 64): _c(64, 64, 4, 3), ("fast_dq", 128): _c(128, 64, 8, 3),
+    ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2),
+}
+
 #: The lesson kernels with fp32 inputs: fp32 tiles take twice the memory and tf32x3 products
 #: three passes, so smaller tiles win (an H100 sweep: 32 x 64 and 64 x 32 were best at D=128,
 #: 128 x 64 at D=64, where it fits).
@@ -178,6 +187,9 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[Ke
     best first (the smallest candidate if none fits: let the compiler have the last word)."""
     block_d = runtime.head_dim_block(head_dim)
     cands = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
+    first = PREFERRED.get((kernel, 64 if block_d <= 64 else 128))
+    if first is not None:
+        cands = [first] + [c for c in cands if c != first]
     fits = [c for c in cands if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
     return tuple(fits or cands[-1:])
 
