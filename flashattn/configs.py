@@ -78,9 +78,9 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "fast_fwd": [_c(128, 64, 4, 3), _c(128, 64, 8, 3), _c(128, 128, 8, 3), _c(128, 128, 8, 2),
                  _c(64, 64, 4, 3), _c(64, 32, 4, 2)],
     "fast_dq": [_c(128, 64, 8, 3), _c(128, 64, 8, 2), _c(128, 32, 4, 3), _c(64, 64, 4, 3),
-                _c(128, 64, 4, 3), _c(64, 32, 4, 1)],
+                _c(128, 64, 4, 3), _c(128, 64, 8, 1), _c(64, 32, 4, 1)],
     "fast_dkdv": [_c(64, 128, 8, 2), _c(32, 128, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 3),
-                  _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(32, 64, 4, 1)],
+                  _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(32, 32, 4, 2), _c(32, 64, 4, 1)],
     # lazy attention (its dQ kernel sums dBias along the diagonals of square tiles)
     "lazy_fwd": [_c(128, 64, 8, 3), _c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
     "lazy_pre": [_c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
@@ -88,13 +88,15 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "lazy_dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
 }
 
-#: The fast kernels' first choice by head-dim class (D <= 64, D > 64): the best geometric mean
-#: over the benchmark grid (S = 1k, 4k, 16k; causal or not; fp16) in an H100 sweep of every
-#: candidate (2026-11-23). The others follow in the order above.
+#: The fast kernels' first choice by head-dim class (padded D of 64, 128, 256): the best
+#: geometric mean over the benchmark grid (S = 1k, 4k, 16k; causal or not; fp16; D=160 and 256
+#: at S=4k) in an H100 sweep of every candidate (2026-11-23). The others follow in the order
+#: above. At D=256 the backward keeps dK, dV (or dQ) of 256 columns in registers: one
+#: pipeline stage, or few rows, or it spills.
 PREFERRED: dict[tuple[str, int], KernelConfig] = {
     ("fast_fwd", 64): _c(128, 64, 8, 3), ("fast_fwd", 128): _c(128, 128, 8, 3),
-    ("fast_dq", 64): _c(64, 64, 4, 3), ("fast_dq", 128): _c(128, 64, 8, 3),
-    ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2),
+    ("fast_dq", 64): _c(64, 64, 4, 3), ("fast_dq", 128): _c(128, 64, 8, 3), ("fast_dq", 256): _c(128, 64, 8, 1),
+    ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2), ("fast_dkdv", 256): _c(32, 32, 4, 2),
 }
 
 #: The lesson kernels with fp32 inputs: fp32 tiles take twice the memory and tf32x3 products
@@ -186,12 +188,11 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[Ke
     """The candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
     best first (the smallest candidate if none fits: let the compiler have the last word)."""
     block_d = runtime.head_dim_block(head_dim)
-    cands = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
-    first = PREFERRED.get((kernel, 64 if block_d <= 64 else 128))
-    if first is not None:
-        cands = [first] + [c for c in cands if c != first]
+    base = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
+    first = PREFERRED.get((kernel, min(max(block_d, 64), 256)))
+    cands = [first] + [c for c in base if c != first] if first in base else list(base)
     fits = [c for c in cands if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
-    return tuple(fits or cands[-1:])
+    return tuple(fits or base[-1:])
 
 
 def candidates(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
