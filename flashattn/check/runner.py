@@ -70,9 +70,11 @@ def count_cuda_launches():
     count[0] = 0
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        yield count
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():    # torch's notice that each profiling cycle starts afresh
+        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            yield count
+            torch.cuda.synchronize()
     count[0] = sum(1 for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA and not _TORCH_KERNEL.search(e.name))
 
