@@ -83,13 +83,17 @@ def _setup_context(ctx, inputs, output):
     ctx.causal, ctx.scale, ctx.impl = causal, scale, impl
 
 
-def _backward(ctx, do, dlse):
+def _gradients(ctx, do, backward):
+    """The six gradients autograd wants, from ``backward`` (the operator or its body)."""
     q, k, v, o, lse = ctx.saved_tensors
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.impl,
-                                       needs_q, needs_k or needs_v)
+    dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.impl, needs_q, needs_k or needs_v)
     return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
             None, None, None)
+
+
+def _backward(ctx, do, dlse):
+    return _gradients(ctx, do, attention_backward_op)
 
 
 attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -106,12 +110,7 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-        dq, dk, dv = backward_kernels(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.impl,
-                                      needs_q, needs_k or needs_v)
-        return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
-                None, None, None)
+        return _gradients(ctx, do, backward_kernels)
 
 
 #: tensor types of eager calls; anything else (FakeTensor, FunctionalTensor: tracing) takes the operators
