@@ -24,17 +24,22 @@ def make_backward(bug=None):
             do = do[:, :1].expand_as(do)
         used_scale = 1.0 / q.shape[-1] ** 0.5 if bug == "default_scale" else scale
         S = q @ k.transpose(-1, -2)
-        if bug != "scale_in_scores":
+        if bug == "scale_divided":       # scale taken for sqrt(D)
+            S = S / used_scale
+        elif bug != "scale_in_scores":
             S = S * used_scale
         mask = causal_mask(S.shape[-2], S.shape[-1], S.device)
-        if causal and bug != "causal":
-            S = S.masked_fill(~mask, float("-inf"))
+        if bug == "mask_hides_diagonal":
+            mask = mask & ~torch.eye(*mask.shape, dtype=torch.bool, device=mask.device)
+        if causal and bug not in ("mask_after_softmax", "no_mask"):
+            S = S.masked_fill(~mask, 0.0 if bug == "mask_zero" else float("-inf"))
         P = torch.softmax(S, dim=-1)
-        if causal and bug == "causal":   # mask applied to the normalised P: rows no longer sum to 1
+        if causal and bug == "mask_after_softmax":   # the normalised P masked: rows no longer sum to 1
             P = P.masked_fill(~mask, 0.0)
         dv = P.transpose(-1, -2) @ (o if bug == "dv_formula" else do)
-        dP = do @ v.transpose(-1, -2)
-        delta = (do * o).sum(dim=-1, keepdim=True)
+        dP = v @ do.transpose(-1, -2) if bug == "dp_transposed" else do @ v.transpose(-1, -2)
+        delta = do.mul_(o) if bug == "inplace_do" else do * o
+        delta = delta.sum(dim=-1, keepdim=True)
         dS = P * dP if bug == "delta" else P * (dP - delta)
         dq = dS @ k if bug == "scale" else (dS @ k) * used_scale
         if bug == "race":       # dK summed over query blocks in an order that changes per call
@@ -59,12 +64,23 @@ def test_attention_backward_correct_passes():
 
 
 @pytest.mark.parametrize("bug, hint", [
-    ("heads", "stride"), ("do_head_0", "heads"), ("causal", "causal"), ("scale", "scale"), ("delta", "delta"),
+    ("heads", "stride"), ("do_head_0", "heads"), ("mask_after_softmax", "mask_after_softmax"),
+    ("mask_zero", "mask_zero"), ("no_mask", "no_mask"), ("scale_divided", "scale_divided"),
+    ("mask_hides_diagonal", "mask_hides_diagonal"), ("scale", "scale"), ("delta", "delta"),
     ("race", "race"), ("scale_in_scores", "scale_in_scores"), ("grad_order", "grad_order"),
     ("dq_dk_swapped", "grad_order"), ("default_scale", "default_scale"), ("dv_formula", "dv_formula"),
 ])
 def test_attention_backward_planted(bug, hint):
     assert_hint(run_checker(check.attention_backward, make_backward(bug)), hint)
+
+
+@pytest.mark.parametrize("bug, idea", [("dp_transposed", "one operand is transposed"),
+                                       ("inplace_do", "An input was modified in place")])
+def test_exception_ideas_from_the_error_itself(bug, idea):
+    """The idea is chosen from the error's sizes and kind, not from its family alone."""
+    r = run_checker(check.attention_backward, make_backward(bug))
+    assert_hint(r, "exception")
+    assert idea in r.diagnosis(), r.diagnosis()
 
 
 def test_swapped_gradients_are_named_by_their_shapes():
@@ -145,19 +161,27 @@ def test_every_diagnosis_has_a_title_and_an_idea_without_code():
 def make_rebuild_p(bug=None):
     def rebuild_p(q, k, lse, causal, scale):
         S = (q @ k.transpose(-1, -2)) * (1.0 if bug == "scale_in_scores" else scale)
-        if causal and bug != "causal":
-            S = S.masked_fill(~causal_mask(S.shape[-2], S.shape[-1], S.device), float("-inf"))
+        shape = (S.shape[-1], S.shape[-2]) if bug == "mask_args_swapped" else (S.shape[-2], S.shape[-1])
+        hidden = ~causal_mask(*shape, S.device)
+        if causal and bug != "no_mask":
+            S = S.masked_fill(~hidden if bug == "mask_inverted" else hidden,
+                              0.0 if bug == "mask_zero" else float("-inf"))
         if bug == "lse":          # exp2 where the forward's LSE is a natural log
             return torch.exp2(S - lse[..., None])
+        if bug == "lse_divided":
+            return torch.exp(S) / lse[..., None]
         return torch.exp(S - lse[..., None])
     return rebuild_p
 
 
 def test_rebuild_p():
     assert_clean(run_checker(check.rebuild_p, make_rebuild_p()))
-    assert_hint(run_checker(check.rebuild_p, make_rebuild_p("causal")), "causal")
-    assert_hint(run_checker(check.rebuild_p, make_rebuild_p("lse")), "lse")
-    assert_hint(run_checker(check.rebuild_p, make_rebuild_p("scale_in_scores")), "scale_in_scores")
+    for bug, hint in [("no_mask", "no_mask"), ("mask_inverted", "mask_inverted"), ("mask_zero", "mask_zero"),
+                      ("lse", "lse"), ("lse_divided", "lse_divided"), ("scale_in_scores", "scale_in_scores")]:
+        assert_hint(run_checker(check.rebuild_p, make_rebuild_p(bug)), hint)
+    r = run_checker(check.rebuild_p, make_rebuild_p("mask_args_swapped"))
+    assert_hint(r, "exception")
+    assert "built with its two lengths swapped" in r.diagnosis(), r.diagnosis()
 
 
 def make_online(bug=None):
@@ -171,13 +195,13 @@ def make_online(bug=None):
         end = S_k - block_n + 1 if bug == "padding" else S_k     # drops the partial last block
         for start in range(0, end, block_n):
             kb, vb = k[:, :, start:start + block_n].float(), v[:, :, start:start + block_n].float()
-            s = (q.float() @ kb.transpose(-1, -2)) * scale
+            s = (q.float() @ kb.transpose(-1, -2)) * (1.0 if bug == "online_unscaled" else scale)
             if causal:
                 cols = torch.arange(start, start + kb.shape[2], device=q.device)[None, :]
-                s = s.masked_fill(cols > rows, float("-inf"))
+                s = s.masked_fill(cols >= rows if bug == "mask_hides_diagonal" else cols > rows, float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             alpha = torch.exp(m - m_new)
-            p = torch.exp(s - m_new)
+            p = torch.exp2(s - m_new) if bug == "online_exp2" else torch.exp(s - m_new)
             if bug == "rescale":
                 l = l + p.sum(dim=-1, keepdim=True)
                 acc = acc + p @ vb
@@ -191,7 +215,8 @@ def make_online(bug=None):
     return online_softmax
 
 
-@pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding"])
+@pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding", "online_unscaled", "online_exp2",
+                                 "mask_hides_diagonal"])
 def test_online_softmax(bug):
     r = run_checker(check.online_softmax, make_online(bug))
     assert_clean(r) if bug is None else assert_hint(r, bug)
@@ -204,7 +229,7 @@ def make_function(bug=None):
     class Attention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, causal, scale):
-            o, lse = flashattn.attention_forward(q, k, v, causal, scale)
+            o, lse = flashattn.attention_forward(q, k, v, causal and bug != "forward_not_causal", scale)
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.causal, ctx.scale = causal, scale
             return o
@@ -216,7 +241,16 @@ def make_function(bug=None):
             scale = None if bug == "scale" else ctx.scale
             if bug == "lse":    # a log-sum-exp of its own: no scale, no mask
                 lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2), dim=-1)
-            dq, dk, dv = flashattn.attention_backward(q, k, v, o, do, lse, causal, scale)
+            if bug == "lse_no_mask":    # recomputed with the scale, without the mask
+                lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2) * ctx.scale, dim=-1)
+            if bug == "lse_delta_swapped":
+                delta = flashattn.attention_backward_delta(o, do)
+                dq = flashattn.attention_backward_dq(q, k, v, do, delta, lse, causal, scale)
+                dk, dv = flashattn.attention_backward_dkdv(q, k, v, do, lse, delta, causal, scale)
+            else:
+                dq, dk, dv = flashattn.attention_backward(q, k, v, o, do, lse, causal, scale)
+            if bug == "needs_grad_index":
+                dq = dq if ctx.needs_input_grad[1] else None
             if bug == "grad_order":
                 return dq, dv, dk, None, None
             if bug == "dq_dk_swapped":
@@ -234,7 +268,10 @@ def test_autograd_function_correct_passes():
     assert_clean(run_checker(check.autograd_function, make_function()))
 
 
-@pytest.mark.parametrize("bug, hint", [("causal", "causal"), ("scale", "default_scale"),
+@pytest.mark.parametrize("bug, hint", [("causal", "backward_not_causal"), ("lse_no_mask", "lse_unmasked"),
+                                       ("forward_not_causal", "forward_not_causal"),
+                                       ("lse_delta_swapped", "lse_delta_swapped"),
+                                       ("needs_grad_index", "none_gradient"), ("scale", "default_scale"),
                                        ("lse", "everything_wrong"), ("grad_order", "grad_order"),
                                        ("dq_dk_swapped", "grad_order")])
 def test_autograd_function_planted(bug, hint):

@@ -52,13 +52,24 @@ def launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=triton.cdi
         **_common(q, k, scale, causal))
 
 
-def launch_dkdv_direct(q, k, v, do, lse, delta, dk, dv, causal, scale):
+def launch_dkdv_direct(q, k, v, do, lse, delta, dk, dv, causal, scale, grid_heads=None):
+    """``grid_heads="query"``: a program per query head (the grid of a dQ kernel), wrong under GQA."""
     B, H, S_q, D = q.shape
-    grid = (triton.cdiv(k.shape[2], BLOCK), B * H)
+    H_kv = k.shape[1]
+    grid = (triton.cdiv(k.shape[2], BLOCK), B * (H if grid_heads == "query" else H_kv))
     backward.attn_bwd_dkdv_kernel[grid](
         q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-        *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(), H, 1, S_q, k.shape[2], D,
+        *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(), H_kv, H // H_kv, S_q, k.shape[2], D,
         scale, **_common(q, k, scale, causal))
+
+
+def launch_dq_lengths_swapped(q, k, v, do, lse, delta, dq, causal, scale):
+    """The dQ kernel told S_k where S_q belongs and the reverse (the grid is right)."""
+    B, H, S_q, D = q.shape
+    backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * H)](
+        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *lse.stride(), *delta.stride(), *dq.stride(), H, 1, k.shape[2], S_q, D, scale,
+        **_common(q, k, scale, causal))
 
 
 def past_the_end(names: str) -> str:
@@ -72,9 +83,14 @@ def past_the_end(names: str) -> str:
 DQ_BUGS = {
     "dq.do_head_stride": ("stride", "dO's head stride differs from Q's"),
     "dq.no_do_head_offset": ("heads", "(0,0) ok"),
-    "dq.no_causal_element_mask": ("causal", "exactly the causal cases"),
-    "dq.short_causal_loop": ("causal", "exactly the causal cases"),
-    "dq.causal_mask_on_S_with_0": ("causal", "exactly the causal cases"),
+    "dq.no_causal_element_mask": ("no_mask", "match that computation"),
+    "dq.short_causal_loop": ("diag_tile_skipped", "match that computation"),
+    "dq.causal_mask_on_S_with_0": ("mask_zero", "match that computation"),
+    "dq.causal_strict": ("mask_strict", "match that computation"),
+    "dq.causal_mask_transposed": ("mask_tile_transposed", "match that computation"),
+    "dq.causal_off_by_one": ("causal", "exactly the causal cases"),
+    "dq.v_with_k_strides": ("stride", "V's head stride differs from K's"),
+    "dq.stored_with_q_strides": ("stride", "dQ is stored with Q's strides"),
     "dq.row_mask_uses_S_k": ("row_mask_length", "rows 23-49 of dQ never written"),
     "dq.no_scale": ("scale", "yours / reference"),
     "dq.keys_unmasked": ("read_past_end", past_the_end("K, V")),
@@ -89,7 +105,11 @@ DQ_BUGS = {
 
 DKDV_BUGS = {
     "dkdv.do_head_stride": ("stride", "dO's head stride differs from Q's"),
-    "dkdv.causal_mask_on_S_with_0": ("causal", "exactly the causal cases"),
+    "dkdv.causal_mask_on_S_with_0": ("mask_zero", "match that computation"),
+    "dkdv.causal_ge": ("mask_ge", "match that computation"),
+    "dkdv.diagonal_tile_skipped": ("diag_tile_skipped", "match that computation"),
+    "dkdv.dpT_not_transposed": ("dp_tile_transposed", "dV right in every case"),
+    "dkdv.query_tile_from_pid": ("query_block_from_pid", "match that computation"),
     "dkdv.scale_twice": ("scale", "dV right in every case"),
     "dkdv.do_rows_unmasked": ("read_past_end", past_the_end("dO")),
     "dkdv.q_rows_unmasked": ("read_past_end", past_the_end("Q")),
@@ -117,7 +137,7 @@ def test_dq_kernel_planted(bug):
     with planted.plant(bug):
         r = run_checker(check.dq_kernel, launch_dq_direct)
     assert_hint(r, hint)
-    assert phrase in r.diagnosis(), r.diagnosis()
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 @pytest.mark.parametrize("bug", ["dq.unscaled_scores", "dkdv.unscaled_scores"])
@@ -144,6 +164,25 @@ def test_dkdv_kernel_planted(bug):
         r = run_checker(check.dkdv_kernel, launch_dkdv_direct)
     assert_hint(r, hint)
     assert phrase in r.diagnosis(), r.diagnosis()
+
+
+@pytest.mark.parametrize("bug, hint", [("dkdv.gqa_first_head_only", "gqa_one_head"), ("dkdv.dk_overwrite", "accumulate")])
+def test_dkdv_kernel_planted_gqa(bug, hint):
+    """Mistakes of the loop over a GQA group: the battery with its GQA cases."""
+    with planted.plant(bug):
+        r = run_checker(check.dkdv_kernel, launch_dkdv_direct, gqa=True)
+    assert_hint(r, hint)
+
+
+def test_dkdv_grid_over_query_heads_is_named():
+    launch = lambda *a: launch_dkdv_direct(*a, grid_heads="query")  # noqa: E731
+    r = run_checker(check.dkdv_kernel, launch, gqa=True)
+    assert_hint(r, "gqa_grid")
+    assert "every value right" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_dq_lengths_swapped_are_named():
+    assert_hint(run_checker(check.dq_kernel, launch_dq_lengths_swapped), "lengths_swapped")
 
 
 def test_missing_row_mask_on_P_is_harmless_when_the_loads_are_masked():

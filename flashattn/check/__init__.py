@@ -39,8 +39,8 @@ import torch
 from .. import runtime
 from .battery import AUTOGRAD_BATTERY, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, Case, Output
 from . import rules  # noqa: F401  (registers every diagnosis, in order)
-from .diagnose import RULES, ShapeError
-from .fingerprints import backward_variants
+from .diagnose import RULES, NoGradient, ShapeError
+from .fingerprints import backward_variants, mask_variants, online_variants
 from .lazy import lazy_backward
 from .origin import describe_origin
 from .results import CheckResult, Diagnosis
@@ -107,7 +107,9 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
         raw = x.q.to(torch.float64) @ k.transpose(-1, -2)
         hidden = ~torch.isfinite(ref.S)
         return {"unscaled_s": {"P": torch.exp(raw - lse).masked_fill(hidden, 0.0)},
-                "exp2": {"P": torch.exp2(ref.S - lse)}}
+                "exp2": {"P": torch.exp2(ref.S - lse)},
+                "lse_divided": {"P": torch.exp(ref.S) / ref.LSE[..., None]},
+                **mask_variants(case, x, "rebuild_p")}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,
                        kind="rebuild_p", dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed,
@@ -141,7 +143,7 @@ def online_softmax(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False
 
     return run_battery("check.online_softmax", fn, _online_cases(_with_gqa(cases or FORWARD_BATTERY, gqa)),
                        run_case, kind="online_softmax", dtype=dtype or torch.float32, dtype_given=dtype is not None,
-                       seed=seed, with_do=False,
+                       seed=seed, with_do=False, variants=online_variants,
                        raise_on_fail=raise_on_fail, show=show)
 
 
@@ -255,7 +257,7 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
         refs = {"O": x.ref.O, "dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV}
         for n, g in zip(wanted, grads):
             if g is None:
-                raise ShapeError(f"no gradient reached {n}: backward returned None for it")
+                raise NoGradient(f"no gradient reached {n}: backward returned None for it")
             outs[names[n]] = g
         return outs, refs, {}
 

@@ -113,6 +113,9 @@ BATTERY: tuple[Case, ...] = (
     _c("S_q > S_k, causal", 1, 2, 48, 32, 32, True),
     _c("S_q < S_k", 1, 2, 32, 48, 32, False),
     _c("strided q/k/v", 1, 3, 40, 40, 32, True, layout=("bshd", "sliced", "padded_heads")),
+    # one tensor laid out unlike the other two: tells "V with K's strides" from "K with Q's"
+    _c("strided q only", 1, 2, 24, 24, 16, False, layout=("bshd", "contiguous", "contiguous")),
+    _c("strided v only", 1, 2, 24, 24, 16, False, layout=("contiguous", "contiguous", "bshd")),
     _c("dO of stride 0", 1, 2, 24, 24, 32, False, do_layout="stride0"),
     _c("strided dO", 1, 3, 40, 40, 32, False, do_layout="sliced"),
     _c("custom scale 0.3", 1, 2, 32, 32, 16, False, scale=0.3),

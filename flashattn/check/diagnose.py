@@ -86,6 +86,10 @@ def _properties() -> list:
                                   f"from {names[a]}'s", lambda c, a=a, b=b, d=d: _strides(c)[a][d] != _strides(c)[b][d]))
         props.append(Property(f"stride_{a}_{b}", f"the cases where {names[b]}'s strides differ from {names[a]}'s",
                               lambda c, a=a, b=b: _strides(c)[a] != _strides(c)[b]))
+    # an output stored with its input's strides fails exactly where that input is not contiguous
+    for a in ("q", "k", "v"):
+        props.append(Property(f"{a}_layout", f"the cases where {names[a]} is not contiguous",
+                              lambda c, a=a: c.layout["qkv".index(a)] != "contiguous"))
     # each also split by the mask: a causal loop clamps its bounds, so some mistakes show only
     # without it (or only with it)
     derived = []
@@ -210,6 +214,10 @@ class ShapeError(Exception):
 
 class DtypeError(ShapeError):
     """An output of the wrong dtype."""
+
+
+class NoGradient(ShapeError):
+    """A gradient that came back None for an input that requires grad."""
 
 
 def diagnose(results: list, kind: str) -> list:

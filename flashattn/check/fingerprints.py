@@ -97,6 +97,10 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
     out["dp_operand"] = _grads_from_p(case, x, ref.P, dP=ref.dO @ k_full.transpose(-1, -2))
     if kind == "backward":                                               # a softmax over the queries
         out["softmax_axis"] = _grads_from_p(case, x, torch.softmax(ref.S, dim=-2))
+        divided = raw / s                                                # scale taken for sqrt(D)
+        if case.causal:
+            divided = divided.masked_fill(~causal_mask(case.S_q, case.S_k, raw.device), float("-inf"))
+        out["scale_divided"] = _grads_from_p(case, x, torch.softmax(divided, dim=-1))
     if kind in ("dkdv", "dq"):
         visible = torch.isfinite(ref.S)
         for block in BLOCKS:
@@ -115,11 +119,171 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
     if kind in ("dkdv", "dq"):
         for block in BLOCKS:
             out[f"last_block_{block}"] = _last_block(case, x, kind, block)
+            if kind == "dkdv" and case.heads_kv != case.H:   # dk = ... in the loop over the group too
+                out[f"last_block_{block}:last_head"] = _last_block(case, x, kind, block, last_head=True)
+    out.update(mask_variants(case, x, kind))
+    out.update(_argument_variants(case, x, kind))
     return out
 
 
-def _last_block(case: Case, x: Inputs, kind: str, block: int) -> dict:
-    """The outputs if each program kept only the share of the last block its loop visited."""
+def _scores(case: Case, x: Inputs) -> torch.Tensor:
+    """[B, H, S_q, S_k]: Q K^T * scale with no mask at all."""
+    k_full = repeat_kv(x.k.to(torch.float64), case.H)
+    return x.q.to(torch.float64) @ k_full.transpose(-1, -2) * case.scale_value
+
+
+def _from_lse(case: Case, x: Inputs, allowed: torch.Tensor, lse=None) -> torch.Tensor:
+    """P = exp(S - LSE) where ``allowed`` ([S_q, S_k]), 0 elsewhere: what a kernel that rebuilds
+    P from the forward's LSE computes with the mask ``allowed``."""
+    lse = x.ref.LSE if lse is None else lse
+    return torch.where(allowed, torch.exp(_scores(case, x) - lse[..., None]), 0.0)
+
+
+def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
+    """The causal mask gone wrong: missing, inverted, hiding the diagonal, pointing the wrong
+    way, transposed inside a tile, the diagonal tile skipped, S = 0 instead of -inf, applied
+    after the softmax. Each as the kernel (or the PyTorch function) of ``kind`` computes it."""
+    if not case.causal:
+        return {}
+    dev = x.ref.S.device
+    i = torch.arange(case.S_q, device=dev)[:, None]
+    j = torch.arange(case.S_k, device=dev)[None, :]
+    visible = j <= i
+    S = _scores(case, x)
+    out = {}
+    if kind == "rebuild_p":
+        out["no_mask"] = {"P": _from_lse(case, x, torch.ones_like(visible))}
+        out["mask_inverted"] = {"P": _from_lse(case, x, ~visible)}
+        out["mask_zero"] = {"P": torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])}
+        return out
+    if kind == "backward":      # P from a softmax in the learner's function
+        out["no_mask"] = _grads_from_p(case, x, torch.softmax(S, dim=-1))
+        out["mask_zero"] = _grads_from_p(case, x, torch.softmax(torch.where(visible, S, 0.0), dim=-1))
+        out["mask_after_softmax"] = _grads_from_p(case, x, torch.softmax(S, dim=-1) * visible)
+        return out
+    if kind == "autograd":
+        out.update(_autograd_mask_variants(case, x, S, visible))
+        return out
+    out["mask_strict"] = _grads_from_p(case, x, _from_lse(case, x, j < i))
+    for block in BLOCKS:
+        seen = _visited(case, kind, block, dev)
+        out[f"no_mask:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen))
+        out[f"mask_ge:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen & (j >= i)))
+        zeroed = torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])     # S = 0, not -inf
+        out[f"mask_zero:{block}"] = _grads_from_p(case, x, torch.where(seen, zeroed, 0.0))
+        m0, n0 = (i // block) * block, (j // block) * block
+        # offs_n[:, None] <= offs_m[None, :] in a [query, key] tile: row a, column b compare
+        # key n0 + a with query m0 + b
+        out[f"mask_tile_transposed:{block}"] = _grads_from_p(
+            case, x, _from_lse(case, x, seen & (n0 + (i - m0) <= m0 + (j - n0))))
+        skip = (j < m0) if kind == "dq" else (i >= n0 + block)     # the loop starts or ends one tile early
+        out[f"diag_tile_skipped:{block}"] = _grads_from_p(case, x, _from_lse(case, x, visible & skip))
+    out["no_mask:all"] = _grads_from_p(case, x, _from_lse(case, x, torch.ones_like(visible)))
+    return out
+
+
+def _autograd_mask_variants(case: Case, x: Inputs, S, visible) -> dict:
+    """autograd: causal lost on the way to the forward, to the backward kernels, or to an LSE
+    the backward recomputes."""
+    ref = x.ref
+    out = {"backward_not_causal": _grads_from_p(case, x, _from_lse(case, x, torch.ones_like(visible)))}
+    lse_all = torch.logsumexp(S, dim=-1)
+    out["lse_unmasked"] = _grads_from_p(case, x, _from_lse(case, x, visible, lse=lse_all))
+    v_full = repeat_kv(x.v.to(torch.float64), case.H)
+    o_all = torch.softmax(S, dim=-1) @ v_full                  # the forward without the mask
+    delta_all = (ref.dO * o_all).sum(-1, keepdim=True)
+    grads = _grads_from_p(case, x, _from_lse(case, x, visible, lse=lse_all), delta=delta_all)
+    out["forward_not_causal"] = dict(grads, O=o_all)
+    return out
+
+
+def _tile_transpose_matrix(M: torch.Tensor, case: Case, block: int) -> torch.Tensor:
+    """[..., S_q, S_k]: each square tile of ``M`` read transposed, as a [key, query] tile
+    computed in the [query, key] orientation gives it (0 where that reads past the end)."""
+    dev = M.device
+    i = torch.arange(case.S_q, device=dev)[:, None]
+    j = torch.arange(case.S_k, device=dev)[None, :]
+    m0, n0 = (i // block) * block, (j // block) * block
+    src_i, src_j = m0 + (j - n0), n0 + (i - m0)
+    ok = (src_i < case.S_q) & (src_j < case.S_k)
+    picked = M[..., src_i.clamp_max(case.S_q - 1), src_j.clamp_max(case.S_k - 1)]
+    return torch.where(ok, picked, torch.zeros((), dtype=M.dtype, device=dev))
+
+
+def _argument_variants(case: Case, x: Inputs, kind: str) -> dict:
+    """Mistakes in what is handed to a kernel or where a kernel looks: LSE and delta swapped,
+    dP's tile not transposed, the query block taken from the program id, one head per group."""
+    ref = x.ref
+    out = {}
+    if kind in ("dq", "autograd"):
+        swapped = torch.where(torch.isfinite(ref.S), torch.exp(_scores(case, x) - ref.delta[..., None]), 0.0)
+        out["lse_delta_swapped"] = _grads_from_p(case, x, swapped, delta=ref.LSE[..., None])
+    if kind != "dkdv":
+        return out
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    for block in BLOCKS:
+        dP_t = _tile_transpose_matrix(ref.dP, case, block)
+        out[f"dp_tile_transposed:{block}"] = _grads_from_p(case, x, ref.P, dP=dP_t)
+        out[f"query_block_from_pid:{block}"] = _query_block_from_pid(case, x, block)
+    if Hk != H:                                   # only g = 0 of each group
+        first = lambda t: t.unflatten(1, (Hk, H // Hk))[:, :, 0]  # noqa: E731
+        out["gqa_one_head"] = {"dK": first(ref.dS).transpose(-1, -2) @ first(q) * s,
+                               "dV": first(ref.P).transpose(-1, -2) @ first(ref.dO)}
+    return out
+
+
+def _query_block_from_pid(case: Case, x: Inputs, block: int) -> dict:
+    """dK/dV if key-block program n loads query block n (offsets from the program id) in every
+    iteration of its loop over the query blocks, instead of the block the loop stepped to."""
+    ref = x.ref
+    Hk, s = case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    dk, dv = torch.zeros_like(ref.dK), torch.zeros_like(ref.dV)
+    for n0 in range(0, case.S_k, block):
+        start = n0 // block * block if case.causal else 0
+        count = len(range(start, case.S_q, block))
+        rows, keys = slice(n0, min(n0 + block, case.S_q)), slice(n0, n0 + block)
+        if count == 0 or n0 >= case.S_q:
+            continue
+        dk[..., keys, :] = count * sum_groups(ref.dS[..., rows, keys].transpose(-1, -2) @ q[..., rows, :], Hk) * s
+        dv[..., keys, :] = count * sum_groups(ref.P[..., rows, keys].transpose(-1, -2) @ ref.dO[..., rows, :], Hk)
+    return {"dK": dk, "dV": dv}
+
+
+def online_variants(case: Case, x: Inputs) -> dict:
+    """The online-softmax forward (exercise 02) with its classic slips, simulated block by block
+    in float64 exactly as the exercise's loop runs: scores without the scale, p with exp2."""
+    return {"online_unscaled": _online(case, x, 1.0, torch.exp),
+            "online_exp2": _online(case, x, case.scale_value, torch.exp2)}
+
+
+def _online(case: Case, x: Inputs, scale: float, p_exp) -> dict:
+    q = x.q.to(torch.float64)
+    k = repeat_kv(x.k.to(torch.float64), case.H)
+    v = repeat_kv(x.v.to(torch.float64), case.H)
+    block = case.block_n or case.S_k
+    rows = torch.arange(case.S_q, device=q.device)[:, None]
+    m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=torch.float64, device=q.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros_like(q)
+    for n0 in range(0, case.S_k, block):
+        s = q @ k[..., n0:n0 + block, :].transpose(-1, -2) * scale
+        if case.causal:
+            cols = torch.arange(n0, min(n0 + block, case.S_k), device=q.device)[None, :]
+            s = s.masked_fill(cols > rows, float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        alpha = torch.exp(m - m_new)
+        p = p_exp(s - m_new)
+        l = l * alpha + p.sum(-1, keepdim=True)
+        acc = acc * alpha + p @ v[..., n0:n0 + block, :]
+        m = m_new
+    return {"O": acc / l, "LSE": (m + torch.log(l))[..., 0]}
+
+
+def _last_block(case: Case, x: Inputs, kind: str, block: int, last_head: bool = False) -> dict:
+    """The outputs if each program kept only the share of the last block its loop visited
+    (``last_head``: and, under GQA, of the last query head of the group)."""
     ref = x.ref
     H, Hk, s = case.H, case.heads_kv, case.scale_value
     q = x.q.to(torch.float64)
@@ -127,8 +291,10 @@ def _last_block(case: Case, x: Inputs, kind: str, block: int) -> dict:
     if kind == "dkdv":                     # a key-block program loops over the query blocks
         lo = (case.S_q - 1) // block * block
         P, dS = ref.P[..., lo:, :], ref.dS[..., lo:, :]
-        return {"dK": sum_groups(dS.transpose(-1, -2) @ q[..., lo:, :], Hk) * s,
-                "dV": sum_groups(P.transpose(-1, -2) @ ref.dO[..., lo:, :], Hk)}
+        group = (lambda t: t.unflatten(1, (Hk, H // Hk))[:, :, -1]) if last_head else \
+            (lambda t: sum_groups(t, Hk))
+        return {"dK": group(dS.transpose(-1, -2) @ q[..., lo:, :]) * s,
+                "dV": group(P.transpose(-1, -2) @ ref.dO[..., lo:, :])}
     dq = torch.zeros_like(ref.dQ)          # a query-block program loops over the key blocks
     for m0 in range(0, case.S_q, block):
         end = min(case.S_k, m0 + block) if case.causal else case.S_k

@@ -17,7 +17,9 @@ from __future__ import annotations
 import math
 import re
 
-from .diagnose import DtypeError, ShapeError, _first_error, _ranges, rule, separating
+import torch
+
+from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, rule, separating
 
 # --------------------------------------------------------------------------------------
 # the code did not run
@@ -83,12 +85,46 @@ def _dtype(ctx):
     return f"case '{r.case.name}': {r.error}" if r is not None else None
 
 
+@rule("none_gradient", "a gradient came back None although its input requires grad",
+      "backward returns None for an input only when ctx.needs_input_grad says it needs none. "
+      "needs_input_grad is indexed like forward's inputs: 0 is q, 1 is k, 2 is v -- check which "
+      "index guards which gradient.", kinds=("autograd",))
+def _none_gradient(ctx):
+    r = _first_error(ctx, NoGradient)
+    return f"case '{r.case.name}' (inputs requiring grad: {', '.join(r.case.requires)}): {r.error}" if r else None
+
+
 @rule("shape", "an output has the wrong shape or type",
       "Return tensors shaped like the reference: dQ like q, dK and dV like k and v, "
       "P [B, H, S_q, S_k], LSE [B, H, S_q].")
 def _shape(ctx):
     r = _first_error(ctx, ShapeError)
     return str(r.error) if r is not None else None
+
+
+_SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+
+
+def _specific_idea(r):
+    """An idea from the error's own numbers and line, where they pin the mistake."""
+    message, line, c = str(r.error), r.error_where or "", r.case
+    if "more than one element of the written-to tensor" in message or "a leaf Variable that requires grad" in message:
+        return ("An input was modified in place (a method ending in _, like mul_, or +=, *= on an "
+                "argument). Never write into the inputs: the caller still needs them, and the dO "
+                "autograd hands over may be one number expanded to the whole shape (stride 0), "
+                "which cannot be written. Compute into a new tensor (do * o, not do.mul_(o)).")
+    m = _SIZES.search(message)
+    if m and {int(m.group(1)), int(m.group(2))} == {c.S_q, c.S_k} and c.S_q != c.S_k:
+        rows = re.search(r"dimension (-2|2)\b", message) is not None     # the query axis of [B, H, S_q, S_k]
+        if "mask" in line and not rows:
+            return ("The mask is built with its two lengths swapped: it must be [S_q, S_k] like "
+                    "the scores (query rows first), and its two sizes met S_q and S_k the wrong way "
+                    f"round here ({m.group(1)} vs {m.group(2)}).")
+        if rows:
+            return ("An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed. Write "
+                    "down each product's shape: S and P [S_q, S_k]; dP = dO V^T is [S_q, S_k] "
+                    "(not V dO^T); dV = P^T dO and dK = dS^T Q need the transpose.")
+    return None
 
 
 _EXCEPTION_IDEAS = [
@@ -125,6 +161,9 @@ def _exception(ctx):
     where = f"only in {sep[0].label}" if sep and sep[1] else f"in {len(raised)} of {len(ctx.results)} cases"
     evidence = f"raised {where} ({ctx.names_of(raised)})"
     message = str(raised[0].error)
+    idea = next((i for i in map(_specific_idea, raised) if i), None)
+    if idea:
+        return evidence, idea
     for pattern, idea in _EXCEPTION_IDEAS:
         if re.search(pattern, message):
             return evidence, idea
@@ -157,15 +196,44 @@ def _batch(ctx):
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "batch") else None
 
 
+def _values_right(ctx) -> bool:
+    """Every head's values right in every failing case: only memory (reads or writes past the
+    end, a guard touched) failed."""
+    return bool(ctx.failing) and all(bool(t.heads_ok.all()) and t.unwritten == 0
+                                     for r in ctx.failing for t in r.tensors.values())
+
+
+@rule("gqa_grid", "the grid has a program per query head where one per K/V head belongs",
+      "With GQA a dK/dV program owns one K/V head and loops over the query heads of its group: "
+      "the grid's second axis is B * H_kv. Programs for heads that do not exist read and write "
+      "past the end of the tensors (the values themselves came out right).", kinds=("dkdv",))
+def _gqa_grid(ctx):
+    if _exactly(ctx, "gqa") and _values_right(ctx):
+        past = [r for r in ctx.failing if r.oob_reads or any(t.guard_touched for t in r.tensors.values())]
+        if past:
+            return f"{ctx.case_pattern()}; every value right, but memory past the end read or written in {ctx.names_of(past)}"
+    return None
+
+
 @rule("gqa", "a head index is wrong under grouped-query attention",
       "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
       "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
       "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
 def _gqa(ctx):
+    if ctx.failing and all("gqa_one_head" in r.fingerprints for r in ctx.failing):
+        return None                                       # the fingerprint rule names it exactly
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "gqa") else None
 
 
-_STRIDE_ID = re.compile(r"^stride_(\w+?)_(\w+?)(?:_\d)?$")
+_STRIDE_ID = re.compile(r"^stride_(\w+?)_(\w+?)(?:_\d)?$|^[qkv]_layout$")
+
+
+def _unlike_contiguous(case, name: str, dims) -> bool:
+    """Whether input ``name``'s strides in ``dims`` differ from those of a contiguous tensor of
+    its shape (the outputs a checker hands over are contiguous)."""
+    H, S, D = case.H if name == "q" else case.heads_kv, case.S_q if name == "q" else case.S_k, case.D
+    own, contiguous = case.strides()[name], (H * S * D, S * D, D, 1)
+    return any(own[d] != contiguous[d] for d in dims)
 
 
 @rule("stride", "a tensor is addressed with another tensor's strides",
@@ -175,6 +243,22 @@ _STRIDE_ID = re.compile(r"^stride_(\w+?)_(\w+?)(?:_\d)?$")
 def _stride(ctx):
     if ctx.pattern is None or not ctx.exact or not _STRIDE_ID.match(ctx.pattern.id.split("&")[0]):
         return None
+    stored = [(r, t) for r, t in ctx.bad_tensors() if t.unwritten and t.guard_touched]
+    if ctx.pattern.id.endswith("_layout") and not stored:
+        return None
+    if stored:          # the output's own elements left unwritten, memory past it written
+        r, t = stored[0]
+        failing = {id(x) for x in ctx.failing}
+        source = next((n for dims in ((2,), (3,), (1,), (0,), (0, 1, 2, 3)) for n in ("Q", "K", "V")
+                       if failing == {id(x) for x in ctx.results if _unlike_contiguous(x.case, n.lower(), dims)}),
+                      None)
+        where = (f"exactly the cases where {source}'s strides differ from those of the (contiguous) output fail"
+                 if source else f"{len(ctx.failing)} of {len(ctx.results)} cases fail "
+                 f"({ctx.names_of(ctx.failing)}), each with an input laid out unlike the output")
+        return (f"{where}; in '{r.case.name}' {t.unwritten} elements of {t.name} never written and "
+                f"{t.guard_touched} written past its end: {t.name} is stored with "
+                f"{source + chr(39) + 's' if source else 'an input' + chr(39) + 's'} strides (the output "
+                f"is allocated contiguous; use its own, stride_{t.name.lower()}_*)")
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}"
 
 
@@ -224,6 +308,24 @@ rule("key_mask_length", "the keys are bounded by S_q: a key mask or bound uses t
      )(_past_other_length(query_side=False))
 
 
+_QUERY_SIDE = {"q", "do", "lse", "delta"}
+
+
+@rule("lengths_swapped", "S_q and S_k are swapped (in the launch or the kernel's arguments)",
+      "Wrong exactly where S_q != S_k, and the loads run past the end of the query-side tensors "
+      "(Q, dO, LSE, delta) where S_q < S_k, of K and V where S_q > S_k: the kernel believes each "
+      "length is the other. Compare the call's arguments with the kernel's signature.")
+def _lengths_swapped(ctx):
+    seen = [r for r in ctx.failing if r.oob_reads]
+    if not (_exactly(ctx, "sq_ne_sk") and 2 * len(seen) >= len(ctx.failing)):
+        return None
+    for r in seen:      # (a read past one head's rows into the next shows no guard: not every case)
+        query_side = set(r.oob_reads) <= _QUERY_SIDE
+        if query_side != (r.case.S_q < r.case.S_k) or (not query_side and set(r.oob_reads) & _QUERY_SIDE):
+            return None
+    return f"{ctx.case_pattern()}; reads past the end of Q/dO/LSE/delta where S_q < S_k, of K/V where S_q > S_k"
+
+
 @rule("read_past_end", "a load reads past the end of a tensor (a mask is missing)",
       "The memory around every input holds NaN here, and your code read it: some load reaches "
       "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "
@@ -262,113 +364,7 @@ def _unwritten(ctx):
 # --------------------------------------------------------------------------------------
 # exact matches with known wrong formulas (fingerprints.py computes them)
 # --------------------------------------------------------------------------------------
-def _fingerprint(name: str):
-    def test(ctx):
-        matched = [r for r in ctx.failing if name in r.fingerprints]
-        rest = [r for r in ctx.failing if name not in r.fingerprints]
-        # where low precision overflowed (inf, NaN) the float64 match cannot hold: those may differ
-        if matched and len(matched) >= len(rest) and \
-                all(any(not t.finite for t in r.tensors.values()) for r in rest):
-            overflow = f" (the other {len(rest)} overflowed to inf or NaN)" if rest else ""
-            return (f"in {len(matched)} of {len(ctx.failing)} failing cases your outputs match that "
-                    f"computation exactly{overflow}; {ctx.tensor_pattern()}")
-        return None
-    return test
-
-
-def _fp(id: str, title: str, idea: str, kinds=None, name=None):
-    rule(id, title, idea, kinds=kinds)(_fingerprint(name or id))
-
-
-_fp("delta", "dS is missing the - delta term",
-    "dS = P * (dP - delta): the softmax Jacobian subtracts, from each row of dP, its P-weighted "
-    "mean delta = rowsum(P * dP) = rowsum(dO * O) -- one number per query row.", name="no_delta")
-_fp("softmax_axis", "the softmax runs over the wrong axis",
-    "P's rows must sum to 1 over the keys: softmax over the last dimension (the keys), not over "
-    "the queries.", kinds=("backward",))
-_fp("scale_in_scores", "P is rebuilt from scores without the scale",
-    "S = Q K^T * scale in the forward, so P = exp(S - LSE) must be rebuilt from the *scaled* "
-    "scores -- the same S as the forward, or LSE does not match it. Check every place the scale "
-    "enters: the scores that rebuild P, and the one factor in dQ and dK.", name="unscaled_s")
-_fp("lse", "P rebuilt with exp2 from a natural-log LSE",
-    "The forward's LSE is a natural log: rebuild P = exp(S - LSE). exp2 works only if both S and "
-    "LSE are converted to base 2 (multiplied by log2(e)).", name="exp2")
-_fp("lse_broadcast", "the LSE is lined up with the keys instead of the query rows",
-    "LSE holds one number per query row: subtract it from every key of its row -- broadcast along "
-    "the key axis of the tile (a column in the [query, key] orientation, a row in the transposed "
-    "[key, query] one).", kinds=("dq", "dkdv"))
-_fp("delta_broadcast", "delta is lined up with the keys instead of the query rows",
-    "delta holds one number per query row: dS = P * (dP - delta) subtracts it from every key of "
-    "its row -- broadcast along the key axis of the tile.", kinds=("dq", "dkdv"))
-_fp("dp_operand", "dP is computed from the wrong tensor",
-    "dP = dO V^T: the output's gradient meets the *values* (O = P V), not the keys.")
-_fp("ds_missing_p", "dS is missing its factor P",
-    "dS = P * (dP - delta): the softmax's Jacobian multiplies by P elementwise, which is also "
-    "what keeps hidden and padded keys at 0.", kinds=("dq", "dkdv"), name="ds_no_p")
-_fp("lazy_delta", "delta = rowsum(dO * O) does not hold for lazy attention",
-    "The shortcut delta = rowsum(dO * O) holds because O = P V in softmax attention; here "
-    "O = A V with A = ReLU(P + tau/(i+1)), so delta must be summed the long way: rowsum(P * dP).",
-    kinds=("lazy",))
-
-
-@rule("lazy_gate", "the ReLU's gate is missing, or lets hidden entries through",
-      "A = ReLU(P + tau/(i+1)) on the visible entries only: the gradient reaches P (and tau) only "
-      "where the ReLU let it through, and only on j <= i: dP = dA * gate with "
-      "gate = causal & (P + tau/(i+1) > 0). Mistakes show in the heads where the ReLU clips "
-      "(tau < 0) or where a positive shift lands on hidden keys (tau > 0).", kinds=("lazy",))
-def _lazy_gate(ctx):
-    if ctx.failing and all("lazy_gate" in r.fingerprints for r in ctx.failing):
-        return f"your outputs match dP = dA without the gate exactly; {ctx.tensor_pattern()}"
-    for sign, label in ((1, "tau > 0"), (-1, "tau < 0")):
-        agree = disagree = 0
-        for r in ctx.ran:
-            for h, tau in enumerate(getattr(r.case, "taus", ())):
-                head_wrong = any(h < t.heads_ok.numel() and not bool(t.heads_ok.flatten()[h])
-                                 for t in r.tensors.values())
-                predicted = tau != 0 and math.copysign(1, tau) == sign
-                agree, disagree = (agree + 1, disagree) if head_wrong == predicted else (agree, disagree + 1)
-        if agree and not disagree:
-            return f"wrong exactly in the heads with {label}; {ctx.tensor_pattern()}"
-    return None
-
-
-for _id, _title, _idea in [
-        ("lazy_scale", "dQ and dK are missing the scale", "S = Q K^T * scale + b, so dQ = dS K * scale and dK = dS^T Q * scale."),
-        ("lazy_dk_transpose", "dK needs dS transposed", "Key j collects dS[i, j] over the query rows i: dK = dS^T Q * scale."),
-        ("lazy_dv", "dV is computed from P instead of A", "O = A V, so dV = A^T dO with A the ReLU-shifted matrix, not the softmax P."),
-        ("lazy_dbias_diagonals", "dBias sums the wrong diagonals",
-         "bias[d] enters S[i, j] for i - j = d (keys before the query): dBias[d] sums dS along the "
-         "d-th diagonal *below* the main one."),
-        ("lazy_dtau_count", "dTau is missing the 1/(i+1) factor", "tau enters row i as tau/(i+1): dTau sums dP[i, j] / (i + 1)."),
-        ("lazy_dtau_gate", "dTau is not gated by the ReLU",
-         "Entries the ReLU clipped pass no gradient to tau either: sum dA * gate / (i + 1)."),
-        ("lazy_dtau_causal", "dTau sums over hidden keys too",
-         "tau/(i+1) is added only on the visible keys j <= i: sum the causal entries only (and gate them).")]:
-    _fp(_id, _title, _idea, kinds=("lazy",))
-
-
-@rule("accumulate", "only the last block's contribution survives: accumulate, don't overwrite",
-      "A program sums its output over every block it visits: dQ over the key blocks, dK and dV "
-      "over the query blocks. `acc += tl.dot(...)` inside the loop, one store after it; `acc = ...` "
-      "or a store of the tile's share inside the loop keeps only the last block.",
-      kinds=("dq", "dkdv"))
-def _accumulate(ctx):
-    hits = [r for r in ctx.failing if any(f.startswith("last_block") for f in r.fingerprints)]
-    if hits and len(hits) == len(ctx.failing):
-        block = sorted(f for f in hits[0].fingerprints if f.startswith("last_block"))[0].split("_")[-1]
-        return (f"your outputs equal the last block's share alone (blocks of {block}) in every "
-                f"failing case; {ctx.case_pattern()}")
-    return None
-
-
-_fp("overcount", "too large by whole factors: several threads add the same value into one address",
-    "Every element is a whole multiple of the reference (1x, 2x, ...), many of them 2x or more: "
-    "the same contribution was added more than once. Several threads (or programs) were mapped to "
-    "the same output indices and each added the whole value -- a loop that steps by 1 where it "
-    "should step by the number of threads sharing the work, or that ignores the thread's own "
-    "index. The factor follows the block shape. Give each thread unique indices: every output "
-    "element owned by exactly one thread, which accumulates it and stores it once.")
-
+from . import fingerprint_rules  # noqa: E402,F401  (registers them here, in this order)
 
 # --------------------------------------------------------------------------------------
 # NaN, writes past the end, constant factors
@@ -382,6 +378,27 @@ def _alpha(ctx):
             all(any(not t.finite for t in r.tensors.values()) for r in ctx.ran):
         return f"NaN in all {len(ctx.results)} cases, the one-block ones too"
     return None
+
+
+def _nonfinite_rows(a: torch.Tensor) -> list:
+    """The query rows (dim 2) of ``a`` that hold inf or NaN anywhere."""
+    bad = ~torch.isfinite(a.movedim(2, 0).reshape(a.shape[2], -1))
+    return [int(i) for i in torch.nonzero(bad.any(1)).flatten()]
+
+
+@rule("mask_hides_diagonal", "the causal mask hides the diagonal: row 0 sees no key at all",
+      "NaN in query row 0 only, in the causal cases only: row 0's one visible key is its own "
+      "diagonal, and the mask hid it (j < i, or >=, where j <= i belongs). With every key -inf "
+      "the softmax divides 0 by 0. A query sees its own key.")
+def _mask_hides_diagonal(ctx):
+    if not ctx.failing or not all(r.case.causal for r in ctx.failing):
+        return None
+    for r in ctx.failing:
+        query_side = [t.actual for n, t in r.tensors.items() if n in ("O", "dQ", "LSE", "P")
+                      and t.actual is not None and t.actual.dim() >= 3]
+        if not any(_nonfinite_rows(a) == [0] for a in query_side):
+            return None
+    return f"NaN in row 0 only (of O, dQ, LSE or P) in every failing case; {ctx.case_pattern()}"
 
 
 @rule("nan", "NaN computed inside your code",

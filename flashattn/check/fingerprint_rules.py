@@ -1,0 +1,191 @@
+"""The diagnoses that rest on fingerprints: the learner's outputs equal, to rounding, what a
+known wrong computation gives on the same inputs (:mod:`flashattn.check.fingerprints` computes
+them in float64). Registered in :mod:`flashattn.check.rules`' order, at the place this module
+is imported there: after the memory rules, before NaN, constant factors and the case patterns.
+"""
+from __future__ import annotations
+
+import math
+
+from .diagnose import rule
+
+
+def _fingerprint(name: str):
+    def test(ctx):
+        matched = [r for r in ctx.failing if name in r.fingerprints]
+        rest = [r for r in ctx.failing if name not in r.fingerprints]
+        # where low precision overflowed (inf, NaN) the float64 match cannot hold: those may differ
+        if matched and len(matched) >= len(rest) and \
+                all(any(not t.finite for t in r.tensors.values()) for r in rest):
+            overflow = f" (the other {len(rest)} overflowed to inf or NaN)" if rest else ""
+            return (f"in {len(matched)} of {len(ctx.failing)} failing cases your outputs match that "
+                    f"computation exactly{overflow}; {ctx.tensor_pattern()}")
+        return None
+    return test
+
+
+def _fp(id: str, title: str, idea: str, kinds=None, name=None):
+    rule(id, title, idea, kinds=kinds)(_fingerprint(name or id))
+
+
+_fp("delta", "dS is missing the - delta term",
+    "dS = P * (dP - delta): the softmax Jacobian subtracts, from each row of dP, its P-weighted "
+    "mean delta = rowsum(P * dP) = rowsum(dO * O) -- one number per query row.", name="no_delta")
+_fp("softmax_axis", "the softmax runs over the wrong axis",
+    "P's rows must sum to 1 over the keys: softmax over the last dimension (the keys), not over "
+    "the queries.", kinds=("backward",))
+_fp("scale_in_scores", "P is rebuilt from scores without the scale",
+    "S = Q K^T * scale in the forward, so P = exp(S - LSE) must be rebuilt from the *scaled* "
+    "scores -- the same S as the forward, or LSE does not match it. Check every place the scale "
+    "enters: the scores that rebuild P, and the one factor in dQ and dK.", name="unscaled_s")
+_fp("lse", "P rebuilt with exp2 from a natural-log LSE",
+    "The forward's LSE is a natural log: rebuild P = exp(S - LSE). exp2 works only if both S and "
+    "LSE are converted to base 2 (multiplied by log2(e)).", name="exp2")
+_fp("lse_broadcast", "the LSE is lined up with the keys instead of the query rows",
+    "LSE holds one number per query row: subtract it from every key of its row -- broadcast along "
+    "the key axis of the tile (a column in the [query, key] orientation, a row in the transposed "
+    "[key, query] one).", kinds=("dq", "dkdv"))
+_fp("delta_broadcast", "delta is lined up with the keys instead of the query rows",
+    "delta holds one number per query row: dS = P * (dP - delta) subtracts it from every key of "
+    "its row -- broadcast along the key axis of the tile.", kinds=("dq", "dkdv"))
+_fp("dp_operand", "dP is computed from the wrong tensor",
+    "dP = dO V^T: the output's gradient meets the *values* (O = P V), not the keys.")
+_fp("ds_missing_p", "dS is missing its factor P",
+    "dS = P * (dP - delta): the softmax's Jacobian multiplies by P elementwise, which is also "
+    "what keeps hidden and padded keys at 0.", kinds=("dq", "dkdv"), name="ds_no_p")
+# the causal mask gone wrong, told apart by what each wrong mask computes
+_fp("no_mask", "the causal mask is missing: hidden keys (j > i) get weight",
+    "Under a causal mask query i sees keys j <= i only. The hidden scores must be -inf before the "
+    "softmax (or P = 0 there when P is rebuilt from the LSE); without it every key counts. (If "
+    "the function under test is a reference you wrote to test a kernel, the bug is in the test: "
+    "test the test.)",
+    kinds=("backward", "rebuild_p", "dq", "dkdv"))
+_fp("backward_not_causal", "the backward runs without the causal mask",
+    "The forward is right (O matches) but the gradients are those of P rebuilt over every key: "
+    "the causal flag does not reach the backward kernels. Save it in ctx in forward and pass "
+    "ctx.causal on to both backward kernels.", kinds=("autograd",))
+_fp("forward_not_causal", "the forward runs without the causal mask",
+    "O equals attention over every key: the causal flag does not reach the forward kernel (and "
+    "the LSE and O it saves for the backward are those of unmasked attention too).",
+    kinds=("autograd",))
+_fp("lse_unmasked", "the backward's LSE is not the forward's: recomputed without the mask",
+    "P = exp(S - LSE) is exact only with the forward's own LSE, which was taken over the visible "
+    "keys. Save the forward's LSE and use it; an LSE recomputed over every key (no causal mask) "
+    "makes every causal row's P too small.", kinds=("autograd",))
+_fp("mask_inverted", "the causal mask is inverted: visible keys hidden, hidden keys shown",
+    "The mask marks what to hide: keys j > i get -inf (or P = 0), keys j <= i keep their score. "
+    "Here it is the other way round.", kinds=("rebuild_p",))
+_fp("mask_zero", "hidden scores are set to 0 instead of -inf",
+    "A hidden key must get weight exactly 0: its score -inf before the exponential. A score of "
+    "0 gives exp(0 - LSE) > 0, so hidden keys still count.", kinds=("backward", "rebuild_p", "dq", "dkdv"))
+_fp("mask_after_softmax", "the causal mask is applied after the softmax",
+    "The softmax must see the mask: scores of hidden keys -inf *before* it, so each row sums to 1 "
+    "over its visible keys. Zeroing P afterwards leaves rows that sum to less than 1. (Only P "
+    "rebuilt from the forward's LSE may be masked afterwards: the LSE already saw the mask.)",
+    kinds=("backward",))
+_fp("mask_strict", "the causal mask hides the diagonal: j < i where j <= i belongs",
+    "A query sees its own key: visible is j <= i. With j < i row 0 sees nothing and every row "
+    "loses its diagonal term.", kinds=("dq", "dkdv"))
+_fp("mask_ge", "the causal mask points the wrong way: keys j >= i kept",
+    "Visible keys are those at or before the query, j <= i. In a [key, query] tile that reads "
+    "key <= query, i.e. offs_n[:, None] <= offs_m[None, :].", kinds=("dq", "dkdv"))
+_fp("mask_tile_transposed", "the causal mask is transposed inside the tile",
+    "The mask must have the tile's orientation: in a [query, key] tile the query index runs down "
+    "the rows and the key index along the columns (in a [key, query] tile the other way round). "
+    "A mask built in the other orientation still broadcasts on a square tile, but compares the "
+    "wrong pairs.", kinds=("dq", "dkdv"))
+_fp("diag_tile_skipped", "the loop skips the diagonal tile",
+    "Under a causal mask the tile on the diagonal is half visible: the loop must include it (the "
+    "keys up to the end of the query block for dQ; the query blocks from the key block's own "
+    "on for dK/dV) and mask inside it.", kinds=("dq", "dkdv"))
+_fp("scale_divided", "the scores are divided by the scale",
+    "scale is already 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies by sqrt(D).",
+    kinds=("backward",))
+_fp("lse_divided", "P = exp(S) / LSE: the LSE is a logarithm",
+    "LSE = log(sum exp(S)), so the softmax is exp(S) / exp(LSE) = exp(S - LSE): subtract the LSE "
+    "inside the exponential, never divide by it.", kinds=("rebuild_p",))
+_fp("online_unscaled", "the scores are not scaled",
+    "S = Q K^T * scale in every block, before the maximum and the exponential: the LSE and O "
+    "belong to the scaled scores.", kinds=("online_softmax",))
+_fp("online_exp2", "p uses exp2 while the rest of the loop uses exp",
+    "The running maximum, alpha, p and the final LSE must use one base. exp2 is faster on a GPU, "
+    "but only with the scores converted to base 2 (times log2(e)) everywhere, and the LSE "
+    "converted back to a natural log at the end.", kinds=("online_softmax",))
+_fp("lse_delta_swapped", "LSE and delta are passed in each other's place",
+    "Your outputs match a kernel that rebuilt P = exp(S - delta) and subtracted the LSE in dS: "
+    "the two per-row vectors arrive in swapped arguments. Compare the call with the kernel's "
+    "signature, argument by argument.", kinds=("dq", "autograd"))
+_fp("dp_tile_transposed", "the dP tile is not transposed: dO V^T where V dO^T belongs",
+    "A key-block program works on [key, query] tiles, so it needs dP^T = V dO^T (and P^T). "
+    "dO V^T is the [query, key] tile: on square tiles it fits the shape and puts every value in "
+    "its mirror position.", kinds=("dkdv",))
+_fp("query_block_from_pid", "the query block comes from the program id, not from the loop",
+    "A key-block program loops over the query blocks: the rows it loads in each iteration must "
+    "follow the loop variable (start_m + arange), not the program id. Here every iteration "
+    "loaded the same query block again.", kinds=("dkdv",))
+_fp("gqa_one_head", "only the first query head of each group reaches dK and dV",
+    "With GQA, K/V head h_kv is shared by GROUP_SIZE query heads: its dK and dV sum the "
+    "contributions of all of them (loop g over the whole group).", kinds=("dkdv",))
+_fp("lazy_delta", "delta = rowsum(dO * O) does not hold for lazy attention",
+    "The shortcut delta = rowsum(dO * O) holds because O = P V in softmax attention; here "
+    "O = A V with A = ReLU(P + tau/(i+1)), so delta must be summed the long way: rowsum(P * dP).",
+    kinds=("lazy",))
+
+
+@rule("lazy_gate", "the ReLU's gate is missing, or lets hidden entries through",
+      "A = ReLU(P + tau/(i+1)) on the visible entries only: the gradient reaches P (and tau) only "
+      "where the ReLU let it through, and only on j <= i: dP = dA * gate with "
+      "gate = causal & (P + tau/(i+1) > 0). Mistakes show in the heads where the ReLU clips "
+      "(tau < 0) or where a positive shift lands on hidden keys (tau > 0).", kinds=("lazy",))
+def _lazy_gate(ctx):
+    if ctx.failing and all("lazy_gate" in r.fingerprints for r in ctx.failing):
+        return f"your outputs match dP = dA without the gate exactly; {ctx.tensor_pattern()}"
+    for sign, label in ((1, "tau > 0"), (-1, "tau < 0")):
+        agree = disagree = 0
+        for r in ctx.ran:
+            for h, tau in enumerate(getattr(r.case, "taus", ())):
+                head_wrong = any(h < t.heads_ok.numel() and not bool(t.heads_ok.flatten()[h])
+                                 for t in r.tensors.values())
+                predicted = tau != 0 and math.copysign(1, tau) == sign
+                agree, disagree = (agree + 1, disagree) if head_wrong == predicted else (agree, disagree + 1)
+        if agree and not disagree:
+            return f"wrong exactly in the heads with {label}; {ctx.tensor_pattern()}"
+    return None
+
+
+for _id, _title, _idea in [
+        ("lazy_scale", "dQ and dK are missing the scale", "S = Q K^T * scale + b, so dQ = dS K * scale and dK = dS^T Q * scale."),
+        ("lazy_dk_transpose", "dK needs dS transposed", "Key j collects dS[i, j] over the query rows i: dK = dS^T Q * scale."),
+        ("lazy_dv", "dV is computed from P instead of A", "O = A V, so dV = A^T dO with A the ReLU-shifted matrix, not the softmax P."),
+        ("lazy_dbias_diagonals", "dBias sums the wrong diagonals",
+         "bias[d] enters S[i, j] for i - j = d (keys before the query): dBias[d] sums dS along the "
+         "d-th diagonal *below* the main one."),
+        ("lazy_dtau_count", "dTau is missing the 1/(i+1) factor", "tau enters row i as tau/(i+1): dTau sums dP[i, j] / (i + 1)."),
+        ("lazy_dtau_gate", "dTau is not gated by the ReLU",
+         "Entries the ReLU clipped pass no gradient to tau either: sum dA * gate / (i + 1)."),
+        ("lazy_dtau_causal", "dTau sums over hidden keys too",
+         "tau/(i+1) is added only on the visible keys j <= i: sum the causal entries only (and gate them).")]:
+    _fp(_id, _title, _idea, kinds=("lazy",))
+
+
+@rule("accumulate", "only the last block's contribution survives: accumulate, don't overwrite",
+      "A program sums its output over every block it visits: dQ over the key blocks, dK and dV "
+      "over the query blocks. `acc += tl.dot(...)` inside the loop, one store after it; `acc = ...` "
+      "or a store of the tile's share inside the loop keeps only the last block.",
+      kinds=("dq", "dkdv"))
+def _accumulate(ctx):
+    hits = [r for r in ctx.failing if any(f.startswith("last_block") for f in r.fingerprints)]
+    if hits and len(hits) == len(ctx.failing):
+        block = sorted(f for f in hits[0].fingerprints if f.startswith("last_block"))[0].split("_")[-1]
+        return (f"your outputs equal the last block's share alone (blocks of {block}) in every "
+                f"failing case; {ctx.case_pattern()}")
+    return None
+
+
+_fp("overcount", "too large by whole factors: several threads add the same value into one address",
+    "Every element is a whole multiple of the reference (1x, 2x, ...), many of them 2x or more: "
+    "the same contribution was added more than once. Several threads (or programs) were mapped to "
+    "the same output indices and each added the whole value -- a loop that steps by 1 where it "
+    "should step by the number of threads sharing the work, or that ignores the thread's own "
+    "index. The factor follows the block shape. Give each thread unique indices: every output "
+    "element owned by exactly one thread, which accumulates it and stores it once.")
