@@ -152,7 +152,8 @@ def _rows_unmasked(tensor: str) -> Edit:
 
 _ENTRIES = [
     # ---- the lesson's dQ kernel -------------------------------------------------------
-    _p("dq.count_trips", _DQ, [Edit("dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)", "dq += 1.0")],
+    _p("dq.count_trips", _DQ, [Edit("dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)        # dQ += dS K",
+                                     "dq += 1.0        # one more key tile visited")],
        "count the tiles a program visits instead of computing (lesson 03's figure check)", "notebooks/03"),
     _p("dq.do_head_stride", _DQ, [DO_WITH_Q_HEAD_STRIDE], "dO offset with Q's head stride",
        "notebooks/03", _TESTS),

@@ -48,3 +48,11 @@ def test_colab_cells_are_current():
         nb = json.loads(path.read_text())
         first = colab.first_code_cell(nb)
         assert first is not None and "".join(first["source"]).startswith(colab.MARKER), path
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_kernelspec_is_what_jupyterlab_writes(path):
+    """JupyterLab names the kernel "Python 3 (ipykernel)"; a notebook that says "Python 3" is
+    rewritten (and shown unsaved) the moment a learner opens it, and conflicts on the next pull."""
+    spec = json.loads(path.read_text())["metadata"].get("kernelspec", {})
+    assert spec == {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}, spec

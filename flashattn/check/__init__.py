@@ -43,11 +43,14 @@ from .diagnose import RULES, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
 from .lazy import lazy_backward
 from .origin import describe_origin
-from .results import CheckResult, Diagnosis
+from .results import CheckFailed, CheckResult, Diagnosis
 from .runner import kernel_not_written, launched, run_battery
 
+#: The result of the last checker call (pass or fail): ``check.last.report()``, ``.plot()``.
+last: Optional[CheckResult] = None
+
 __all__ = [
-    "Case", "CheckResult", "Diagnosis", "RULES", "BATTERY",
+    "Case", "CheckResult", "CheckFailed", "Diagnosis", "RULES", "BATTERY", "last",
     "attention_backward", "rebuild_p", "online_softmax", "dq_kernel", "dkdv_kernel",
     "autograd_function", "lazy_backward", "describe_origin",
 ]

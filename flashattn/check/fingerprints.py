@@ -157,9 +157,13 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["mask_zero"] = {"P": torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])}
         return out
     if kind == "backward":      # P from a softmax in the learner's function
-        out["no_mask"] = _grads_from_p(case, x, torch.softmax(S, dim=-1))
-        out["mask_zero"] = _grads_from_p(case, x, torch.softmax(torch.where(visible, S, 0.0), dim=-1))
-        out["mask_after_softmax"] = _grads_from_p(case, x, torch.softmax(S, dim=-1) * visible)
+        wrong = {"no_mask": torch.softmax(S, dim=-1),
+                 "mask_zero": torch.softmax(torch.where(visible, S, 0.0), dim=-1),
+                 "mask_after_softmax": torch.softmax(S, dim=-1) * visible}
+        for name, P in wrong.items():
+            out[name] = _grads_from_p(case, x, P)
+            # delta as rowsum(P * dP) from that same wrong P, instead of rowsum(dO * O)
+            out[name + ":own_delta"] = _grads_from_p(case, x, P, delta=(P * x.ref.dP).sum(-1, keepdim=True))
         return out
     if kind == "autograd":
         out.update(_autograd_mask_variants(case, x, S, visible))

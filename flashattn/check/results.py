@@ -232,8 +232,8 @@ class CheckResult:
         """What a failing checker prints: the diagnosis first, then the table."""
         parts = [self.summary()] + [f"  WARNING: {w}" for w in self.warnings]
         parts += [self.diagnosis(), "", self.table(), "",
-                  "(result.report() prints this again with where your code came from; "
-                  "result.plot() draws the errors per case and head.)"]
+                  "(check.last.report() prints this again with where your code came from; "
+                  "check.last.plot() draws the errors per case and head.)"]
         return "\n".join(parts)
 
     def plot(self, ax=None):
@@ -271,6 +271,15 @@ class CheckResult:
         if self.diagnoses and self.diagnoses[0].id == "not_implemented":
             return f"{self.title}: not implemented yet -- {self.diagnoses[0].idea}"
         return self.summary() + " (see the diagnosis and the table above)"
+
+
+class CheckFailed(AssertionError):
+    """A checker's failure. Still an AssertionError (pytest, nbval and ``raises-exception`` cells
+    see it as one), but IPython shows it as one red line: the diagnosis and the table were
+    printed just above, and a traceback through the checker's own frames would bury them."""
+
+    def _render_traceback_(self):
+        return [f"\x1b[31m{type(self).__name__}\x1b[0m: {self}"]
 
 
 def _wrap(text: str, indent: str, width: int = 96, subsequent: Optional[str] = None) -> list:

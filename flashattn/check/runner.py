@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import traceback
 import warnings
 from pathlib import Path
@@ -23,7 +24,7 @@ from . import fingerprints
 from .battery import GUARDED, guard_bits, make_inputs
 from .diagnose import DtypeError, ShapeError, diagnose
 from .origin import describe_origin
-from .results import CaseResult, CheckResult, compare
+from .results import CaseResult, CheckFailed, CheckResult, compare
 
 
 # --------------------------------------------------------------------------------------
@@ -299,6 +300,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
         else:
             print(result.failure_text())
         result._shown = True
+    sys.modules[__package__].last = result     # check.last: the details at hand after a raise
     if raise_on_fail and not result.ok:
-        raise AssertionError(result.assertion_message())
+        raise CheckFailed(result.assertion_message())
     return result
