@@ -32,16 +32,16 @@ def make_backward(bug=None):
         if bug == "mask_hides_diagonal":
             mask = mask & ~torch.eye(*mask.shape, dtype=torch.bool, device=mask.device)
         if causal and bug not in ("mask_after_softmax", "no_mask"):
-            S = S.masked_fill(~mask, 0.0 if bug == "mask_zero" else float("-inf"))
+            S = S.masked_fill(mask if bug == "mask_inverted" else ~mask, 0.0 if bug == "mask_zero" else float("-inf"))
         P = torch.softmax(S, dim=-1)
         if causal and bug == "mask_after_softmax":   # the normalised P masked: rows no longer sum to 1
             P = P.masked_fill(~mask, 0.0)
         dv = P.transpose(-1, -2) @ (o if bug == "dv_formula" else do)
         dP = v @ do.transpose(-1, -2) if bug == "dp_transposed" else do @ v.transpose(-1, -2)
-        delta = do.mul_(o) if bug == "inplace_do" else do * o
+        delta = do.mul_(o) if bug == "inplace_do" else dP if bug == "delta_rowsum_dp" else do * o
         delta = delta.sum(dim=-1, keepdim=True)
-        dS = P * dP if bug == "delta" else P * (dP - delta)
-        dq = dS @ k if bug == "scale" else (dS @ k) * used_scale
+        dS = P * dP if bug == "delta" else P * (delta - dP) if bug == "sign" else P * (dP - delta)
+        dq = dS @ k if bug == "scale" else (dS @ (v if bug == "dq_from_v" else k)) * used_scale
         if bug == "race":       # dK summed over query blocks in an order that changes per call
             dk = torch.zeros_like(k)
             starts = list(range(0, q.shape[2], 8))
@@ -51,6 +51,8 @@ def make_backward(bug=None):
             dk = dk * used_scale
         else:
             dk = (dS.transpose(-1, -2) @ q) * used_scale
+        if bug == "dk_plus_k":
+            dk = dk + 0.1 * k
         if bug == "grad_order":
             return dq, dv, dk
         if bug == "dq_dk_swapped":
@@ -66,9 +68,11 @@ def test_attention_backward_correct_passes():
 @pytest.mark.parametrize("bug, hint", [
     ("heads", "stride"), ("do_head_0", "heads"), ("mask_after_softmax", "mask_after_softmax"),
     ("mask_zero", "mask_zero"), ("no_mask", "no_mask"), ("scale_divided", "scale_divided"),
-    ("mask_hides_diagonal", "mask_hides_diagonal"), ("scale", "scale"), ("delta", "delta"),
+    ("mask_hides_diagonal", "mask_hides_diagonal"), ("mask_inverted", "mask_inverted"), ("sign", "sign"),
+    ("delta_rowsum_dp", "delta_rowsum_dp"), ("dq_from_v", "wrong_operand"), ("dk_plus_k", "one_output"),
+    ("scale", "scale"), ("delta", "delta"),
     ("race", "race"), ("scale_in_scores", "scale_in_scores"), ("grad_order", "grad_order"),
-    ("dq_dk_swapped", "grad_order"), ("default_scale", "default_scale"), ("dv_formula", "dv_formula"),
+    ("dq_dk_swapped", "grad_order"), ("default_scale", "default_scale"), ("dv_formula", "wrong_operand"),
 ])
 def test_attention_backward_planted(bug, hint):
     assert_hint(run_checker(check.attention_backward, make_backward(bug)), hint)
@@ -160,9 +164,12 @@ def test_every_diagnosis_has_a_title_and_an_idea_without_code():
 # --------------------------------------------------------------------------------------
 def make_rebuild_p(bug=None):
     def rebuild_p(q, k, lse, causal, scale):
-        S = (q @ k.transpose(-1, -2)) * (1.0 if bug == "scale_in_scores" else scale)
+        S = (q @ (k.T if bug == "kT" else k.transpose(-1, -2))) * (    # .T reverses all four dimensions
+            1.0 if bug in ("scale_in_scores", "scale_on_difference") else scale)
         shape = (S.shape[-1], S.shape[-2]) if bug == "mask_args_swapped" else (S.shape[-2], S.shape[-1])
         hidden = ~causal_mask(*shape, S.device)
+        if bug == "mask_strict":                          # triu(0): the diagonal hidden too
+            hidden = torch.ones_like(hidden).triu(0)
         if causal and bug != "no_mask":
             S = S.masked_fill(~hidden if bug == "mask_inverted" else hidden,
                               0.0 if bug == "mask_zero" else float("-inf"))
@@ -170,6 +177,10 @@ def make_rebuild_p(bug=None):
             return torch.exp2(S - lse[..., None])
         if bug == "lse_divided":
             return torch.exp(S) / lse[..., None]
+        if bug == "lse_added":
+            return torch.exp(S + lse[..., None])
+        if bug == "scale_on_difference":
+            return torch.exp((S - lse[..., None]) * scale)
         return torch.exp(S - lse[..., None])
     return rebuild_p
 
@@ -177,6 +188,8 @@ def make_rebuild_p(bug=None):
 def test_rebuild_p():
     assert_clean(run_checker(check.rebuild_p, make_rebuild_p()))
     for bug, hint in [("no_mask", "no_mask"), ("mask_inverted", "mask_inverted"), ("mask_zero", "mask_zero"),
+                      ("mask_strict", "mask_strict"), ("lse_added", "lse_added"),
+                      ("scale_on_difference", "scale_on_difference"),
                       ("lse", "lse"), ("lse_divided", "lse_divided"), ("scale_in_scores", "scale_in_scores")]:
         assert_hint(run_checker(check.rebuild_p, make_rebuild_p(bug)), hint)
     r = run_checker(check.rebuild_p, make_rebuild_p("mask_args_swapped"))
@@ -194,21 +207,23 @@ def make_online(bug=None):
         rows = torch.arange(S_q, device=q.device)[:, None]
         end = S_k - block_n + 1 if bug == "padding" else S_k     # drops the partial last block
         for start in range(0, end, block_n):
-            kb, vb = k[:, :, start:start + block_n].float(), v[:, :, start:start + block_n].float()
+            end = block_n if bug == "slice_end" else start + block_n
+            kb, vb = k[:, :, start:end].float(), v[:, :, start:end].float()
             s = (q.float() @ kb.transpose(-1, -2)) * (1.0 if bug == "online_unscaled" else scale)
             if causal:
                 cols = torch.arange(start, start + kb.shape[2], device=q.device)[None, :]
                 s = s.masked_fill(cols >= rows if bug == "mask_hides_diagonal" else cols > rows, float("-inf"))
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             alpha = torch.exp(m - m_new)
-            p = torch.exp2(s - m_new) if bug == "online_exp2" else torch.exp(s - m_new)
+            p = torch.exp2(s - m_new) if bug == "online_exp2" else \
+                torch.exp(s - m) if bug == "online_p_old_max" else torch.exp(s - m_new)
             if bug == "rescale":
                 l = l + p.sum(dim=-1, keepdim=True)
                 acc = acc + p @ vb
             else:
                 l = l * alpha + p.sum(dim=-1, keepdim=True)
                 acc = acc * alpha + p @ vb
-            m = m_new
+            m = m if bug == "online_max_not_kept" else m_new
         o = (acc / l).to(q.dtype)
         lse = (m + l) if bug == "lse_output" else (m + torch.log(l))
         return o, lse.squeeze(-1)
@@ -216,10 +231,12 @@ def make_online(bug=None):
 
 
 @pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding", "online_unscaled", "online_exp2",
-                                 "mask_hides_diagonal"])
+                                 "mask_hides_diagonal", "online_max_not_kept", "online_p_old_max"])
 def test_online_softmax(bug):
     r = run_checker(check.online_softmax, make_online(bug))
-    assert_clean(r) if bug is None else assert_hint(r, bug)
+    # p against the old maximum is NaN from the first block on, like an inverted alpha: the
+    # outputs cannot tell the two apart, and the alpha diagnosis names both
+    assert_clean(r) if bug is None else assert_hint(r, "alpha" if bug == "online_p_old_max" else bug)
 
 
 # --------------------------------------------------------------------------------------
@@ -231,7 +248,7 @@ def make_function(bug=None):
         def forward(ctx, q, k, v, causal, scale):
             o, lse = flashattn.attention_forward(q, k, v, causal and bug != "forward_not_causal", scale)
             ctx.save_for_backward(q, k, v, o, lse)
-            ctx.causal, ctx.scale = causal, scale
+            ctx.causal, ctx.scale = (scale, causal) if bug == "ctx_swap" else (causal, scale)
             return o
 
         @staticmethod
@@ -243,9 +260,11 @@ def make_function(bug=None):
                 lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2), dim=-1)
             if bug == "lse_no_mask":    # recomputed with the scale, without the mask
                 lse = torch.logsumexp(q.float() @ k.float().transpose(-1, -2) * ctx.scale, dim=-1)
-            if bug == "lse_delta_swapped":
+            if bug in ("lse_delta_swapped", "kv_swapped", "o_for_do"):
                 delta = flashattn.attention_backward_delta(o, do)
-                dq = flashattn.attention_backward_dq(q, k, v, do, delta, lse, causal, scale)
+                args = {"lse_delta_swapped": (q, k, v, do, delta, lse), "kv_swapped": (q, v, k, do, lse, delta),
+                        "o_for_do": (q, k, v, o, lse, delta)}[bug]
+                dq = flashattn.attention_backward_dq(*args, causal, scale)
                 dk, dv = flashattn.attention_backward_dkdv(q, k, v, do, lse, delta, causal, scale)
             else:
                 dq, dk, dv = flashattn.attention_backward(q, k, v, o, do, lse, causal, scale)
@@ -270,7 +289,8 @@ def test_autograd_function_correct_passes():
 
 @pytest.mark.parametrize("bug, hint", [("causal", "backward_not_causal"), ("lse_no_mask", "lse_unmasked"),
                                        ("forward_not_causal", "forward_not_causal"),
-                                       ("lse_delta_swapped", "lse_delta_swapped"),
+                                       ("lse_delta_swapped", "lse_delta_swapped"), ("kv_swapped", "kv_swapped"),
+                                       ("o_for_do", "wrong_operand"),
                                        ("needs_grad_index", "none_gradient"), ("scale", "default_scale"),
                                        ("lse", "everything_wrong"), ("grad_order", "grad_order"),
                                        ("dq_dk_swapped", "grad_order")])
@@ -341,3 +361,15 @@ def test_overcount_is_named():
         factor = torch.clamp(rows + 1, max=4).to(dk.dtype)
         return dq, dk * factor[:, None], dv
     assert_hint(run_checker(check.attention_backward, overcounted), "overcount")
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")    # the planted .T on a 4-D tensor
+@pytest.mark.parametrize("checker, fn, idea", [
+    (check.rebuild_p, make_rebuild_p("kT"), ".T reverses *every* dimension"),
+    (check.online_softmax, make_online("slice_end"), "start : start + block_n"),
+    (check.autograd_function, make_function("ctx_swap"), "what forward saved in ctx"),
+])
+def test_exception_ideas_from_the_line_and_the_cases(checker, fn, idea):
+    r = run_checker(checker, fn)
+    assert_hint(r, "exception")
+    assert idea in r.diagnosis(), r.diagnosis()

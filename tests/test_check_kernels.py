@@ -90,6 +90,17 @@ DQ_BUGS = {
     "dq.causal_mask_transposed": ("mask_tile_transposed", "match that computation"),
     "dq.causal_off_by_one": ("causal", "exactly the causal cases"),
     "dq.v_with_k_strides": ("stride", "V's head stride differs from K's"),
+    "dq.lse_as_row": ("lse_broadcast", "match that computation"),
+    "dq.delta_from_lse": ("delta_is_lse", "match that computation"),
+    "dq.dq_from_v": ("wrong_operand", "yours equals dQ = dS V"),
+    "dq.dp_transposed": ("dp_tile_transposed", "match that computation"),
+    "dq.q_row_stride_typo": ("address_past_end", "past the end of Q"),
+    "dq.causal_mask_transposed_ge": ("mask_tile_transposed", "match that computation"),
+    "dq.delta_as_row": ("delta_broadcast", "match that computation"),
+    "dq.ds_without_p": ("ds_missing_p", "match that computation"),
+    "dq.dp_from_k": ("dp_operand", "match that computation"),
+    "dq.causal_block_local": ("causal_global_index", "(causal)"),
+    "dq.no_batch_offset": ("batch", "more than one batch element"),
     "dq.stored_with_q_strides": ("stride", "dQ is stored with Q's strides"),
     "dq.row_mask_uses_S_k": ("row_mask_length", "rows 23-49 of dQ never written"),
     "dq.no_scale": ("scale", "yours / reference"),
@@ -107,6 +118,8 @@ DKDV_BUGS = {
     "dkdv.do_head_stride": ("stride", "dO's head stride differs from Q's"),
     "dkdv.causal_mask_on_S_with_0": ("mask_zero", "match that computation"),
     "dkdv.causal_ge": ("mask_ge", "match that computation"),
+    "dkdv.dv_from_q": ("wrong_operand", "yours equals dV = P^T Q"),
+    "dkdv.dk_from_do": ("wrong_operand", "yours equals dK = dS^T dO"),
     "dkdv.diagonal_tile_skipped": ("diag_tile_skipped", "match that computation"),
     "dkdv.dpT_not_transposed": ("dp_tile_transposed", "dV right in every case"),
     "dkdv.query_tile_from_pid": ("query_block_from_pid", "match that computation"),
@@ -166,12 +179,24 @@ def test_dkdv_kernel_planted(bug):
     assert phrase in r.diagnosis(), r.diagnosis()
 
 
-@pytest.mark.parametrize("bug, hint", [("dkdv.gqa_first_head_only", "gqa_one_head"), ("dkdv.dk_overwrite", "accumulate")])
+@pytest.mark.parametrize("bug, hint", [("dkdv.gqa_first_head_only", "gqa_one_head"), ("dkdv.dk_overwrite", "accumulate"),
+                                       ("dkdv.acc_reset_per_head", "gqa_last_head")])
 def test_dkdv_kernel_planted_gqa(bug, hint):
     """Mistakes of the loop over a GQA group: the battery with its GQA cases."""
     with planted.plant(bug):
         r = run_checker(check.dkdv_kernel, launch_dkdv_direct, gqa=True)
     assert_hint(r, hint)
+
+
+def test_dq_kernel_wrong_kv_head_under_gqa():
+    def launch(q, k, v, do, lse, delta, dq, causal, scale):
+        B, H, S_q, D = q.shape
+        backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * H)](
+            q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+            *lse.stride(), *delta.stride(), *dq.stride(), H, H // k.shape[1], S_q, k.shape[2], D, scale,
+            **_common(q, k, scale, causal))
+    with planted.plant("dq.kv_head_is_query_head"):
+        assert_hint(run_checker(check.dq_kernel, launch, gqa=True), "gqa")
 
 
 def test_dkdv_grid_over_query_heads_is_named():

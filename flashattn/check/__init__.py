@@ -112,6 +112,8 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
         return {"unscaled_s": {"P": torch.exp(raw - lse).masked_fill(hidden, 0.0)},
                 "exp2": {"P": torch.exp2(ref.S - lse)},
                 "lse_divided": {"P": torch.exp(ref.S) / ref.LSE[..., None]},
+                "lse_added": {"P": torch.exp(ref.S + lse)},
+                "scale_on_difference": {"P": torch.exp((raw - lse) * case.scale_value).masked_fill(hidden, 0.0)},
                 **mask_variants(case, x, "rebuild_p")}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,

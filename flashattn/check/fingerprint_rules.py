@@ -74,7 +74,7 @@ _fp("lse_unmasked", "the backward's LSE is not the forward's: recomputed without
     "makes every causal row's P too small.", kinds=("autograd",))
 _fp("mask_inverted", "the causal mask is inverted: visible keys hidden, hidden keys shown",
     "The mask marks what to hide: keys j > i get -inf (or P = 0), keys j <= i keep their score. "
-    "Here it is the other way round.", kinds=("rebuild_p",))
+    "Here it is the other way round (a `~` too many or too few).", kinds=("rebuild_p", "backward"))
 _fp("mask_zero", "hidden scores are set to 0 instead of -inf",
     "A hidden key must get weight exactly 0: its score -inf before the exponential. A score of "
     "0 gives exp(0 - LSE) > 0, so hidden keys still count.", kinds=("backward", "rebuild_p", "dq", "dkdv"))
@@ -85,7 +85,7 @@ _fp("mask_after_softmax", "the causal mask is applied after the softmax",
     kinds=("backward",))
 _fp("mask_strict", "the causal mask hides the diagonal: j < i where j <= i belongs",
     "A query sees its own key: visible is j <= i. With j < i row 0 sees nothing and every row "
-    "loses its diagonal term.", kinds=("dq", "dkdv"))
+    "loses its diagonal term.", kinds=("dq", "dkdv", "rebuild_p"))
 _fp("mask_ge", "the causal mask points the wrong way: keys j >= i kept",
     "Visible keys are those at or before the query, j <= i. In a [key, query] tile that reads "
     "key <= query, i.e. offs_n[:, None] <= offs_m[None, :].", kinds=("dq", "dkdv"))
@@ -111,18 +111,55 @@ _fp("online_exp2", "p uses exp2 while the rest of the loop uses exp",
     "The running maximum, alpha, p and the final LSE must use one base. exp2 is faster on a GPU, "
     "but only with the scores converted to base 2 (times log2(e)) everywhere, and the LSE "
     "converted back to a natural log at the end.", kinds=("online_softmax",))
+_fp("online_max_not_kept", "the running maximum is never updated",
+    "After each block the new maximum becomes the running one (m = m_new): the next block's "
+    "alpha and p are taken against it, and LSE = m + log(l) needs the final one.", kinds=("online_softmax",))
+_fp("lse_added", "P = exp(S + LSE): the LSE is subtracted",
+    "softmax(S) = exp(S) / exp(LSE) = exp(S - LSE).", kinds=("rebuild_p",))
+_fp("scale_on_difference", "the scale multiplies S - LSE instead of the scores",
+    "The LSE belongs to the scaled scores: S = Q K^T * scale first, then P = exp(S - LSE). "
+    "(Q K^T - LSE) * scale mixes an unscaled score with a scaled LSE.", kinds=("rebuild_p",))
+
+
+@rule("wrong_operand", "a product uses the wrong operand",
+      "Each gradient is one product with fixed operands: dQ = dS K * scale, dK = dS^T Q * scale, "
+      "dV = P^T dO, and dP = dO V^T. Your output equals the same product with another tensor of "
+      "the same shape in one place (named in the evidence).")
+def _wrong_operand(ctx):
+    if not ctx.failing:
+        return None
+    common = set.intersection(*({f for f in r.fingerprints if f.startswith("operand:")} for r in ctx.failing))
+    if not common:
+        return None
+    formula = sorted(common)[0].split(":", 1)[1]
+    return f"in all {len(ctx.failing)} failing cases yours equals {formula}; {ctx.tensor_pattern()}"
 _fp("lse_delta_swapped", "LSE and delta are passed in each other's place",
     "Your outputs match a kernel that rebuilt P = exp(S - delta) and subtracted the LSE in dS: "
     "the two per-row vectors arrive in swapped arguments. Compare the call with the kernel's "
-    "signature, argument by argument.", kinds=("dq", "autograd"))
+    "signature, argument by argument.", kinds=("dq", "dkdv", "autograd"))
+_fp("delta_is_lse", "delta is the LSE: dS subtracts the wrong per-row vector",
+    "delta = rowsum(dO * O), one number per query row, computed by the delta kernel; the LSE is "
+    "the other per-row vector, and it belongs in P = exp(S - LSE) only. Check which pointer, "
+    "argument or load delta comes from.", kinds=("dq", "dkdv", "autograd"))
+_fp("delta_rowsum_dp", "delta = rowsum(dP): the product with P (or dO * O) is missing",
+    "delta is the P-weighted mean of dP's row: rowsum(P * dP), which equals rowsum(dO * O). "
+    "rowsum(dP) alone weighs every key the same.", kinds=("backward", "dq", "dkdv"))
+_fp("kv_swapped", "K and V are passed in each other's place",
+    "Your dQ equals a kernel that got V where K belongs and K where V belongs: the scores then "
+    "come from V and dP from K. Compare the call with the kernel's signature, argument by argument.",
+    kinds=("dq", "autograd"))
 _fp("dp_tile_transposed", "the dP tile is not transposed: dO V^T where V dO^T belongs",
     "A key-block program works on [key, query] tiles, so it needs dP^T = V dO^T (and P^T). "
     "dO V^T is the [query, key] tile: on square tiles it fits the shape and puts every value in "
-    "its mirror position.", kinds=("dkdv",))
+    "its mirror position. (In a dQ program, the other way round: dP = dO V^T, not V dO^T.)",
+    kinds=("dkdv", "dq"))
 _fp("query_block_from_pid", "the query block comes from the program id, not from the loop",
     "A key-block program loops over the query blocks: the rows it loads in each iteration must "
     "follow the loop variable (start_m + arange), not the program id. Here every iteration "
     "loaded the same query block again.", kinds=("dkdv",))
+_fp("gqa_last_head", "only the last query head of each group reaches dK and dV",
+    "The accumulators of a K/V head sum over every query head of its group and every query "
+    "block: set them to zero once, before the loop over the group, not inside it.", kinds=("dkdv",))
 _fp("gqa_one_head", "only the first query head of each group reaches dK and dV",
     "With GQA, K/V head h_kv is shared by GROUP_SIZE query heads: its dK and dV sum the "
     "contributions of all of them (loop g over the whole group).", kinds=("dkdv",))

@@ -123,6 +123,30 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
                 out[f"last_block_{block}:last_head"] = _last_block(case, x, kind, block, last_head=True)
     out.update(mask_variants(case, x, kind))
     out.update(_argument_variants(case, x, kind))
+    out.update(_operand_variants(case, x))
+    return out
+
+
+def _operand_variants(case: Case, x: Inputs) -> dict:
+    """One product with the wrong operand: dQ = dS X, dK = dS^T X, dV = P^T X for an X that is
+    not the right one, and dP = O V^T (O where dO belongs). Named ``operand:<what was computed>``."""
+    ref = x.ref
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    k_full = repeat_kv(x.k.to(torch.float64), H)
+    v_full = repeat_kv(x.v.to(torch.float64), H)
+    dt = lambda t: t.to(x.q.dtype).to(torch.float64)  # noqa: E731  (stored in the inputs' dtype)
+    out = {}
+    for name, X in (("V", v_full), ("Q", q), ("dO", ref.dO)):
+        if X.shape == k_full.shape:
+            out[f"operand:dQ = dS {name}"] = {"dQ": dt(ref.dS @ X * s)}
+    for name, X in (("dO", ref.dO), ("K", k_full), ("V", v_full)):
+        if X.shape == q.shape:
+            out[f"operand:dK = dS^T {name}"] = {"dK": dt(sum_groups(ref.dS.transpose(-1, -2) @ X, Hk) * s)}
+    for name, X in (("Q", q), ("O", ref.O), ("K", k_full), ("V", v_full)):
+        if X.shape == ref.dO.shape:
+            out[f"operand:dV = P^T {name}"] = {"dV": dt(sum_groups(ref.P.transpose(-1, -2) @ X, Hk))}
+    out["operand:dP = O V^T"] = _grads_from_p(case, x, ref.P, dP=ref.O @ v_full.transpose(-1, -2))
     return out
 
 
@@ -154,12 +178,14 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
     if kind == "rebuild_p":
         out["no_mask"] = {"P": _from_lse(case, x, torch.ones_like(visible))}
         out["mask_inverted"] = {"P": _from_lse(case, x, ~visible)}
+        out["mask_strict"] = {"P": _from_lse(case, x, j < i)}
         out["mask_zero"] = {"P": torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])}
         return out
     if kind == "backward":      # P from a softmax in the learner's function
         wrong = {"no_mask": torch.softmax(S, dim=-1),
                  "mask_zero": torch.softmax(torch.where(visible, S, 0.0), dim=-1),
-                 "mask_after_softmax": torch.softmax(S, dim=-1) * visible}
+                 "mask_after_softmax": torch.softmax(S, dim=-1) * visible,
+                 "mask_inverted": torch.softmax(S.masked_fill(visible, float("-inf")), dim=-1)}
         for name, P in wrong.items():
             out[name] = _grads_from_p(case, x, P)
             # delta as rowsum(P * dP) from that same wrong P, instead of rowsum(dO * O)
@@ -178,8 +204,8 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         m0, n0 = (i // block) * block, (j // block) * block
         # offs_n[:, None] <= offs_m[None, :] in a [query, key] tile: row a, column b compare
         # key n0 + a with query m0 + b
-        out[f"mask_tile_transposed:{block}"] = _grads_from_p(
-            case, x, _from_lse(case, x, seen & (n0 + (i - m0) <= m0 + (j - n0))))
+        for direction, allowed in (("le", n0 + (i - m0) <= m0 + (j - n0)), ("ge", n0 + (i - m0) >= m0 + (j - n0))):
+            out[f"mask_tile_transposed:{block}{direction}"] = _grads_from_p(case, x, _from_lse(case, x, seen & allowed))
         skip = (j < m0) if kind == "dq" else (i >= n0 + block)     # the loop starts or ends one tile early
         out[f"diag_tile_skipped:{block}"] = _grads_from_p(case, x, _from_lse(case, x, visible & skip))
     out["no_mask:all"] = _grads_from_p(case, x, _from_lse(case, x, torch.ones_like(visible)))
@@ -219,9 +245,23 @@ def _argument_variants(case: Case, x: Inputs, kind: str) -> dict:
     dP's tile not transposed, the query block taken from the program id, one head per group."""
     ref = x.ref
     out = {}
-    if kind in ("dq", "autograd"):
-        swapped = torch.where(torch.isfinite(ref.S), torch.exp(_scores(case, x) - ref.delta[..., None]), 0.0)
+    visible = torch.isfinite(ref.S)
+    if kind in ("dq", "autograd", "dkdv"):
+        swapped = torch.where(visible, torch.exp(_scores(case, x) - ref.delta[..., None]), 0.0)
         out["lse_delta_swapped"] = _grads_from_p(case, x, swapped, delta=ref.LSE[..., None])
+        out["delta_is_lse"] = _grads_from_p(case, x, ref.P, delta=ref.LSE[..., None])
+    if kind in ("backward", "dq", "dkdv"):
+        out["delta_rowsum_dp"] = _grads_from_p(case, x, ref.P, delta=ref.dP.sum(-1, keepdim=True))
+    if kind in ("dq", "autograd") and x.k.shape == x.v.shape:      # the kernel called with (q, v, k, ...)
+        k_full = repeat_kv(x.k.to(torch.float64), case.H)
+        v_full = repeat_kv(x.v.to(torch.float64), case.H)
+        S_vk = x.q.to(torch.float64) @ v_full.transpose(-1, -2) * case.scale_value
+        P_vk = torch.where(visible, torch.exp(S_vk - ref.LSE[..., None]), 0.0)
+        dS_vk = P_vk * (ref.dO @ k_full.transpose(-1, -2) - ref.delta[..., None])
+        out["kv_swapped"] = {"dQ": (dS_vk @ v_full * case.scale_value).to(x.q.dtype).to(torch.float64)}
+    if kind == "dq":
+        for block in BLOCKS:
+            out[f"dp_tile_transposed:{block}"] = _grads_from_p(case, x, ref.P, dP=_tile_transpose_matrix(ref.dP, case, block))
     if kind != "dkdv":
         return out
     H, Hk, s = case.H, case.heads_kv, case.scale_value
@@ -230,10 +270,11 @@ def _argument_variants(case: Case, x: Inputs, kind: str) -> dict:
         dP_t = _tile_transpose_matrix(ref.dP, case, block)
         out[f"dp_tile_transposed:{block}"] = _grads_from_p(case, x, ref.P, dP=dP_t)
         out[f"query_block_from_pid:{block}"] = _query_block_from_pid(case, x, block)
-    if Hk != H:                                   # only g = 0 of each group
-        first = lambda t: t.unflatten(1, (Hk, H // Hk))[:, :, 0]  # noqa: E731
-        out["gqa_one_head"] = {"dK": first(ref.dS).transpose(-1, -2) @ first(q) * s,
-                               "dV": first(ref.P).transpose(-1, -2) @ first(ref.dO)}
+    if Hk != H:                                   # only g = 0 (or the last g) of each group
+        for name, g in (("gqa_one_head", 0), ("gqa_last_head", -1)):
+            one = lambda t, g=g: t.unflatten(1, (Hk, H // Hk))[:, :, g]  # noqa: E731
+            out[name] = {"dK": one(ref.dS).transpose(-1, -2) @ one(q) * s,
+                         "dV": one(ref.P).transpose(-1, -2) @ one(ref.dO)}
     return out
 
 
@@ -259,10 +300,11 @@ def online_variants(case: Case, x: Inputs) -> dict:
     """The online-softmax forward (exercise 02) with its classic slips, simulated block by block
     in float64 exactly as the exercise's loop runs: scores without the scale, p with exp2."""
     return {"online_unscaled": _online(case, x, 1.0, torch.exp),
-            "online_exp2": _online(case, x, case.scale_value, torch.exp2)}
+            "online_exp2": _online(case, x, case.scale_value, torch.exp2),
+            "online_max_not_kept": _online(case, x, case.scale_value, torch.exp, slip="max_not_kept")}
 
 
-def _online(case: Case, x: Inputs, scale: float, p_exp) -> dict:
+def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
     q = x.q.to(torch.float64)
     k = repeat_kv(x.k.to(torch.float64), case.H)
     v = repeat_kv(x.v.to(torch.float64), case.H)
@@ -281,7 +323,8 @@ def _online(case: Case, x: Inputs, scale: float, p_exp) -> dict:
         p = p_exp(s - m_new)
         l = l * alpha + p.sum(-1, keepdim=True)
         acc = acc * alpha + p @ v[..., n0:n0 + block, :]
-        m = m_new
+        if slip != "max_not_kept":
+            m = m_new
     return {"O": acc / l, "LSE": (m + torch.log(l))[..., 0]}
 
 
@@ -316,8 +359,12 @@ def matching(variants: dict, tensors: dict, tol: float) -> set:
     if not wrong:
         return found
     for name, outs in variants.items():
+        if all(n in outs and not bool(torch.isfinite(outs[n]).any()) for n in wrong):
+            continue            # NaN everywhere: it would match every mistake that ends in NaN
         if all(n in outs and _matches(tensors[n].actual, outs[n], tol) for n in wrong):
             found.add(name.split(":")[0])
+            if name.startswith("operand:"):      # which product: the rule names it
+                found.add(name)
     return found
 
 

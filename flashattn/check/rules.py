@@ -19,7 +19,9 @@ import re
 
 import torch
 
+from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, rule, separating
+from .exception_ideas import exception_idea
 
 # --------------------------------------------------------------------------------------
 # the code did not run
@@ -54,7 +56,11 @@ def _grad_order(ctx):
         got, wanted = swapped[0].swapped
         return f"in {ctx.names_of(swapped)} the tensor returned as {got} has the shape of {wanted}"
     if ctx.failing and all("swapped" in r.fingerprints for r in ctx.failing):
-        return f"in every failing case two returned gradients equal each other's true values ({ctx.tensor_pattern()})"
+        evidence = f"in every failing case two gradients hold each other's true values ({ctx.tensor_pattern()})"
+        if ctx.kind in ("dq", "dkdv"):
+            return evidence, ("Each output pointer gets its own values: the kernel stores dK's "
+                              "accumulator into DK with DK's strides, dV's into DV.")
+        return evidence
     return None
 
 
@@ -102,54 +108,6 @@ def _shape(ctx):
     return str(r.error) if r is not None else None
 
 
-_SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
-
-
-def _specific_idea(r):
-    """An idea from the error's own numbers and line, where they pin the mistake."""
-    message, line, c = str(r.error), r.error_where or "", r.case
-    if "more than one element of the written-to tensor" in message or "a leaf Variable that requires grad" in message:
-        return ("An input was modified in place (a method ending in _, like mul_, or +=, *= on an "
-                "argument). Never write into the inputs: the caller still needs them, and the dO "
-                "autograd hands over may be one number expanded to the whole shape (stride 0), "
-                "which cannot be written. Compute into a new tensor (do * o, not do.mul_(o)).")
-    m = _SIZES.search(message)
-    if m and {int(m.group(1)), int(m.group(2))} == {c.S_q, c.S_k} and c.S_q != c.S_k:
-        rows = re.search(r"dimension (-2|2)\b", message) is not None     # the query axis of [B, H, S_q, S_k]
-        if "mask" in line and not rows:
-            return ("The mask is built with its two lengths swapped: it must be [S_q, S_k] like "
-                    "the scores (query rows first), and its two sizes met S_q and S_k the wrong way "
-                    f"round here ({m.group(1)} vs {m.group(2)}).")
-        if rows:
-            return ("An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed. Write "
-                    "down each product's shape: S and P [S_q, S_k]; dP = dO V^T is [S_q, S_k] "
-                    "(not V dO^T); dV = P^T dO and dK = dS^T Q need the transpose.")
-    return None
-
-
-_EXCEPTION_IDEAS = [
-    (r"must match the size of tensor|broadcast|size of tensor a",
-     "Two operands' shapes do not line up. A value per query row (delta, the LSE) subtracted "
-     "from every key of its row must be a column, [..., S_q, 1] (keepdim=True, or [..., None]); "
-     "lined up with the keys instead, it only fits when S_q == S_k -- and is wrong there."),
-    (r"same dtype|dtype mismatch|expected scalar type",
-     "Two operands of one operation have different dtypes (fp16 scores and an fp32 LSE, say): "
-     "type promotion makes the result fp32 and the next matrix product refuses to mix it with "
-     "fp16. Cast on purpose (.float() for the arithmetic, .to(q.dtype) for the results)."),
-    (r"mat1 and mat2|cannot be multiplied|size mismatch|Expected size for first two dimensions",
-     "A matrix product's inner dimensions do not agree: check which operand is transposed "
-     "(Q K^T, P^T dO, dO V^T, dS K, dS^T Q) -- the cases with S_q != S_k tell them apart."),
-    (r"view size is not compatible|\.view",
-     ".view needs memory laid out for it: on a non-contiguous tensor use .reshape, or avoid "
-     "reshaping at all."),
-    (r"incorrect number of gradients",
-     "backward returns one value per input of forward, in order, None for the non-tensor ones."),
-    (r"must be a bool|must be a float|must be a torch.Tensor",
-     "An argument arrived in the wrong place: compare the call with the function's signature, "
-     "argument by argument."),
-]
-
-
 @rule("exception", "your code raised an exception",
       "The error and the line it came from are shown below; the cases it raised in say what they "
       "share (S_q != S_k, non-contiguous tensors, ...).")
@@ -160,14 +118,8 @@ def _exception(ctx):
     sep = separating(ctx.results, raised)
     where = f"only in {sep[0].label}" if sep and sep[1] else f"in {len(raised)} of {len(ctx.results)} cases"
     evidence = f"raised {where} ({ctx.names_of(raised)})"
-    message = str(raised[0].error)
-    idea = next((i for i in map(_specific_idea, raised) if i), None)
-    if idea:
-        return evidence, idea
-    for pattern, idea in _EXCEPTION_IDEAS:
-        if re.search(pattern, message):
-            return evidence, idea
-    return evidence
+    idea = exception_idea(raised, sep)
+    return (evidence, idea) if idea else evidence
 
 
 @rule("race", "results change between runs on the same input: a race on a global accumulator",
@@ -220,8 +172,8 @@ def _gqa_grid(ctx):
       "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
       "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
 def _gqa(ctx):
-    if ctx.failing and all("gqa_one_head" in r.fingerprints for r in ctx.failing):
-        return None                                       # the fingerprint rule names it exactly
+    if ctx.failing and set.intersection(*(set(r.fingerprints) for r in ctx.failing)):
+        return None                                       # a fingerprint rule names it exactly
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "gqa") else None
 
 
@@ -326,6 +278,26 @@ def _lengths_swapped(ctx):
     return f"{ctx.case_pattern()}; reads past the end of Q/dO/LSE/delta where S_q < S_k, of K/V where S_q > S_k"
 
 
+def _aligned(case) -> bool:
+    """Every length a multiple of the largest block: no load needs a mask."""
+    return case.S_q % BLOCKS[-1] == 0 and case.S_k % BLOCKS[-1] == 0
+
+
+@rule("address_past_end", "a load's address is wrong (a stride, an index or an offset), not its mask",
+      "Loads read past the end of a tensor even in cases where every length is a multiple of the "
+      "block, so no mask is needed there: the address itself points outside. Check the offsets "
+      "of that tensor: each dimension's index times that tensor's own stride for that same "
+      "dimension (b with stride_b, h with stride_h, rows with stride_s, columns with stride_d), "
+      "and head indices that stay below the number of heads.")
+def _address_past_end(ctx):
+    seen = [r for r in ctx.failing if r.oob_reads and _aligned(r.case)]
+    if not seen:
+        return None
+    names = list(dict.fromkeys(n for r in seen for n in r.oob_reads))
+    return (f"loads returned the NaN past the end of {', '.join(_INPUT_NAMES[n] for n in names)} in "
+            f"{ctx.names_of(seen)}, where S_q and S_k are multiples of {BLOCKS[-1]}: no mask is at stake there")
+
+
 @rule("read_past_end", "a load reads past the end of a tensor (a mask is missing)",
       "The memory around every input holds NaN here, and your code read it: some load reaches "
       "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "
@@ -369,13 +341,15 @@ from . import fingerprint_rules  # noqa: E402,F401  (registers them here, in thi
 # --------------------------------------------------------------------------------------
 # NaN, writes past the end, constant factors
 # --------------------------------------------------------------------------------------
-@rule("alpha", "NaN from the rescaling factor",
-      "NaN in every case, even with one block of keys: the factor that rescales the old sums "
-      "must be alpha = exp(m_old - m_new) <= 1 (0 at the first block, where m_old = -inf). Its "
-      "inverse overflows to inf, and inf * 0 is NaN.", kinds=("online_softmax",))
+@rule("alpha", "NaN from the first block: an exponential taken against the wrong maximum",
+      "NaN in every case, even with one block of keys, so it starts at the first block, where "
+      "the old maximum is -inf. Two exponentials meet it: alpha = exp(m_old - m_new) must be <= 1 "
+      "(0 at the first block; exp(m_new - m_old) is inf there, and inf * 0 is NaN), and p = "
+      "exp(s - m_new) must use the *new* maximum (exp(s - m_old) is inf at the first block). The "
+      "outputs cannot tell these two apart: check both.", kinds=("online_softmax",))
 def _alpha(ctx):
     if ctx.ran and len(ctx.failing) == len(ctx.results) and \
-            all(any(not t.finite for t in r.tensors.values()) for r in ctx.ran):
+            all("O" in r.tensors and not r.tensors["O"].finite for r in ctx.ran):
         return f"NaN in all {len(ctx.results)} cases, the one-block ones too"
     return None
 
@@ -423,6 +397,16 @@ def _oob_write(ctx):
         return None
     r, t = bad[0]
     return f"'{r.case.name}': {t.guard_touched} elements written after the end of {t.name}"
+
+
+@rule("sign", "the sign is flipped: yours = -reference",
+      "The outputs are the reference times -1: a subtraction the wrong way round. dS = P * (dP - "
+      "delta): dP first, delta subtracted.")
+def _sign(ctx):
+    bad = ctx.bad_tensors()
+    if bad and all(math.isfinite(t.ratio) and abs(t.ratio + 1) < 2e-2 and t.ratio_resid < 1e-2 for _, t in bad):
+        return f"yours / reference = {bad[0][1].ratio:.4f} in every wrong output; {ctx.tensor_pattern()}"
+    return None
 
 
 @rule("scale", "the error is a constant factor tied to the softmax scale",
@@ -522,7 +506,8 @@ def _dq_formula(ctx):
       "subtraction of delta and its broadcasting (one value per row).")
 def _ds(ctx):
     if "dV" in ctx.names and ctx.right_everywhere("dV") and \
-            any(ctx.wrong_in(n) for n in ("dK", "dQ") if n in ctx.names):
+            all(ctx.wrong_in(n) for n in ("dK", "dQ") if n in ctx.names) and \
+            any(n in ctx.names for n in ("dK", "dQ")):         # dS feeds both: both wrong
         return ctx.tensor_pattern()
     return None
 
@@ -533,6 +518,18 @@ def _ds(ctx):
 def _lse_output(ctx):
     if "O" in ctx.names and ctx.right_everywhere("O") and ctx.wrong_in("LSE"):
         return ctx.tensor_pattern()
+    return None
+
+
+@rule("one_output", "only one output is wrong, in every case: its own formula",
+      "Every other output is right in every case, so everything they share (the inputs, P, dS, "
+      "the masks) is right too: what is left is the formula of this one output, its operands, "
+      "its accumulation and its store.")
+def _one_output(ctx):
+    wrong = [n for n in ctx.names if ctx.wrong_in(n)]
+    if len(ctx.names) > 1 and len(wrong) == 1 and len(ctx.wrong_in(wrong[0])) == len(ctx.results) and \
+            all(ctx.right_everywhere(n) for n in ctx.names if n != wrong[0]):
+        return f"only {wrong[0]} is wrong; {ctx.tensor_pattern()}"
     return None
 
 
@@ -605,15 +602,33 @@ rule("strides", "only non-contiguous inputs are wrong: offsets computed from sha
      "dimension's stride.")(_pattern_rule(["strided", "qkv_strided"], exact=False))
 
 
-@rule("everything_wrong", "every case and every head is wrong: P is not the forward's softmax",
+_EVERYTHING_IDEAS = {
+    "rebuild_p": "P = exp(S - LSE) with S = Q K^T * scale (masked like the forward) and the "
+                 "forward's natural-log LSE, one value per query row. Check the scores, the exponent "
+                 "and the LSE's broadcasting.",
+    "online_softmax": "Check the scores (the scale, the mask), the running maximum, alpha = "
+                      "exp(m_old - m_new), p = exp(s - m_new), the sums, O = acc / l and LSE = m + log(l).",
+    "dq": "The checker sees only dQ here, so it cannot tell which step is wrong. Check, in order: "
+          "the scores (scale, mask), P = exp(S - LSE), dP = dO V^T, delta, dS = P (dP - delta), "
+          "dQ = dS K * scale -- and which pointer each load reads.",
+}
+
+
+@rule("everything_wrong", "every case and every head is wrong",
       "The backward rebuilds P = exp(S - LSE) with S = Q K^T * scale computed exactly as in the "
       "forward (same scale, same mask) and LSE the forward's natural-log log-sum-exp. Check the "
       "scores, the exponent and the LSE's broadcasting (one value per query row), then dP and dS.")
 def _everything_wrong(ctx):
     if ctx.failing and len(ctx.failing) == len(ctx.results) and \
             all(not bool(t.heads_ok.any()) for r in ctx.failing for t in r.bad()):
-        return ctx.tensor_pattern()
+        return ctx.tensor_pattern(), _EVERYTHING_IDEAS.get(ctx.kind, _everything_wrong.idea)
     return None
+
+
+_everything_wrong.idea = ("The backward rebuilds P = exp(S - LSE) with S = Q K^T * scale computed "
+                          "exactly as in the forward (same scale, same mask) and LSE the forward's "
+                          "natural-log log-sum-exp. Check the scores, the exponent and the LSE's "
+                          "broadcasting (one value per query row), then dP and dS.")
 
 
 @rule("pattern", "no classic mistake fits; here is the pattern that was seen",
