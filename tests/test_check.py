@@ -33,11 +33,15 @@ def make_backward(bug=None):
             mask = mask & ~torch.eye(*mask.shape, dtype=torch.bool, device=mask.device)
         if causal and bug not in ("mask_after_softmax", "no_mask"):
             S = S.masked_fill(mask if bug == "mask_inverted" else ~mask, 0.0 if bug == "mask_zero" else float("-inf"))
-        P = torch.softmax(S, dim=-1)
+        P = torch.softmax(S, dim=-2 if bug == "softmax_axis" else -1)
+        if bug == "nan":                 # S / S: -inf / -inf is NaN at every hidden key
+            P = P * (S / S)
         if causal and bug == "mask_after_softmax":   # the normalised P masked: rows no longer sum to 1
             P = P.masked_fill(~mask, 0.0)
         dv = P.transpose(-1, -2) @ (o if bug == "dv_formula" else do)
         dP = v @ do.transpose(-1, -2) if bug == "dp_transposed" else do @ v.transpose(-1, -2)
+        if bug == "dp_scaled":
+            dP = 1.1 * dP
         delta = do.mul_(o) if bug == "inplace_do" else dP if bug == "delta_rowsum_dp" else do * o
         delta = delta.sum(dim=-1, keepdim=True)
         dS = P * dP if bug == "delta" else P * (delta - dP) if bug == "sign" else P * (dP - delta)
@@ -53,6 +57,10 @@ def make_backward(bug=None):
             dk = (dS.transpose(-1, -2) @ q) * used_scale
         if bug == "dk_plus_k":
             dk = dk + 0.1 * k
+        if bug == "dq_plus_q":
+            dq = dq + 0.1 * q
+        if bug == "dtype":             # float64 gradients for float32 inputs
+            dq, dk, dv = dq.double(), dk.double(), dv.double()
         if bug == "grad_order":
             return dq, dv, dk
         if bug == "dq_dk_swapped":
@@ -70,6 +78,7 @@ def test_attention_backward_correct_passes():
     ("mask_zero", "mask_zero"), ("no_mask", "no_mask"), ("scale_divided", "scale_divided"),
     ("mask_hides_diagonal", "mask_hides_diagonal"), ("mask_inverted", "mask_inverted"), ("sign", "sign"),
     ("delta_rowsum_dp", "delta_rowsum_dp"), ("dq_from_v", "wrong_operand"), ("dk_plus_k", "one_output"),
+    ("softmax_axis", "softmax_axis"), ("nan", "nan"), ("dtype", "dtype"), ("dp_scaled", "ds"), ("dq_plus_q", "dq_formula"),
     ("scale", "scale"), ("delta", "delta"),
     ("race", "race"), ("scale_in_scores", "scale_in_scores"), ("grad_order", "grad_order"),
     ("dq_dk_swapped", "grad_order"), ("default_scale", "default_scale"), ("dv_formula", "wrong_operand"),
@@ -254,6 +263,8 @@ def make_function(bug=None):
         @staticmethod
         def backward(ctx, do):
             q, k, v, o, lse = ctx.saved_tensors
+            if bug == "saved_order":
+                q, k, v, lse, o = ctx.saved_tensors
             causal = False if bug == "causal" else ctx.causal
             scale = None if bug == "scale" else ctx.scale
             if bug == "lse":    # a log-sum-exp of its own: no scale, no mask
@@ -292,6 +303,7 @@ def test_autograd_function_correct_passes():
                                        ("lse_delta_swapped", "lse_delta_swapped"), ("kv_swapped", "kv_swapped"),
                                        ("o_for_do", "wrong_operand"),
                                        ("needs_grad_index", "none_gradient"), ("scale", "default_scale"),
+                                       ("saved_order", "saved_order"),
                                        ("lse", "everything_wrong"), ("grad_order", "grad_order"),
                                        ("dq_dk_swapped", "grad_order")])
 def test_autograd_function_planted(bug, hint):
