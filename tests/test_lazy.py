@@ -338,9 +338,14 @@ def _one_head_backward(q, k, v, bias, tau, do, scale, *, bug=None):
     dP = dA * (causal if bug == "no gate" else gate)
     delta = (do * O).sum(-1) if bug == "shortcut" else (P * dP).sum(-1)
     dS = P * (dP - delta[:, None])
-    dbias = torch.stack([torch.diagonal(dS, -d).sum() if d < L else dS.new_zeros(()) for d in range(W + 1)])
-    dtau = dP.sum() if bug == "no 1/(i+1)" else (dP.sum(-1) / (i + 1)).sum()
-    return dS @ k * scale, dS.T @ q * scale, A.T @ do, dbias, dtau
+    diag = dS.T if bug == "upper diagonals" else dS
+    dbias = torch.stack([torch.diagonal(diag, -d).sum() if d < L else dS.new_zeros(()) for d in range(W + 1)])
+    dtau = {"no 1/(i+1)": dP.sum(), "ungated dtau": ((dA * causal).sum(-1) / (i + 1)).sum(),
+            "dtau over every key": (dA.sum(-1) / (i + 1)).sum()}.get(bug, (dP.sum(-1) / (i + 1)).sum())
+    s = 1.0 if bug == "no scale" else scale
+    dk = dS @ q * s if bug == "dK without transpose" else dS.T @ q * s
+    dv = P.T @ do if bug == "dV from P" else A.T @ do
+    return dS @ k * s, dk, dv, dbias, dtau
 
 
 def test_exercise_checker_accepts_the_right_backward(capsys):
@@ -352,7 +357,10 @@ def test_exercise_checker_accepts_the_right_backward(capsys):
 
 
 @pytest.mark.parametrize("bug, hint", [("shortcut", "lazy_delta"), ("no gate", "lazy_gate"),
-                                       ("no 1/(i+1)", "lazy_dtau_count")])
+                                       ("no 1/(i+1)", "lazy_dtau_count"), ("no scale", "lazy_scale"),
+                                       ("dK without transpose", "lazy_dk_transpose"), ("dV from P", "lazy_dv"),
+                                       ("upper diagonals", "lazy_dbias_diagonals"), ("ungated dtau", "lazy_dtau_gate"),
+                                       ("dtau over every key", "lazy_dtau_causal")])
 def test_exercise_checker_names_the_classic_bug(bug, hint):
     from flashattn import check
 
