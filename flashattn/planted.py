@@ -204,6 +204,8 @@ _ENTRIES = [
        "Q's columns offset with its row stride", _TESTS),
     _p("dq.causal_mask_transposed_ge", _DQ, [Edit("(offs_n[None, :] <= offs_m[:, None])", "(offs_m[None, :] <= offs_n[:, None])")],
        "the causal mask built in the [key, query] orientation, the other way round", _TESTS),
+    _p("dq.batch_head_swapped", _DQ, [Edit("    b = pid_bh // H\n    h = pid_bh % H\n", "    b = pid_bh % H\n    h = pid_bh // H\n")],
+       "batch and head decoded from the program id the wrong way round (wild stores)", _TESTS),
     _p("dq.row_mask_uses_S_k", _DQ, [Edit("row_ok = offs_m < S_q", "row_ok = offs_m < S_k")],
        "the query-row mask compares with S_k", "notebooks/03", _TESTS),
     _p("dq.causal_mask_on_S_with_0", _DQ, [Edit("p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)",

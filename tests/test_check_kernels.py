@@ -91,6 +91,7 @@ DQ_BUGS = {
     "dq.causal_off_by_one": ("causal", "exactly the causal cases"),
     "dq.v_with_k_strides": ("stride", "V's head stride differs from K's"),
     "dq.lse_as_row": ("lse_broadcast", "match that computation"),
+    "dq.batch_head_swapped": ("wild_access", "outside every tensor"),
     "dq.delta_from_lse": ("delta_is_lse", "match that computation"),
     "dq.dq_from_v": ("wrong_operand", "yours equals dQ = dS V"),
     "dq.dp_transposed": ("dp_tile_transposed", "match that computation"),

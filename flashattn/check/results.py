@@ -101,11 +101,12 @@ class CaseResult:
     swapped: Optional[tuple] = None                  # (got, wanted) names of outputs in wrong order
     launches: Optional[int] = None                   # kernels the launcher started (kernel checkers)
     oob_reads: Optional[list] = None                 # inputs whose guard memory a load returned
+    wild: Optional[dict] = None                      # loads/stores outside every tensor, dropped
 
     @property
     def ok(self) -> bool:
         return (self.error is None and not self.nondeterministic and self.launches != 0
-                and not self.oob_reads and all(t.ok for t in self.tensors.values()))
+                and not self.oob_reads and not self.wild and all(t.ok for t in self.tensors.values()))
 
     def bad(self) -> list:
         return [t for t in self.tensors.values() if not t.ok]

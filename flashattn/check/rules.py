@@ -132,6 +132,21 @@ def _race(ctx):
     return f"case '{r.case.name}': {', '.join(r.nondeterministic)} differed between two runs" if r else None
 
 
+@rule("wild_access", "an address falls outside every tensor the kernel was given",
+      "Some loads or stores reached memory that belongs to none of the kernel's tensors (here they "
+      "were dropped; on a GPU: an illegal memory access, or silent corruption of something else). "
+      "The address is far off, not one block too far: the batch and head decoded from the program "
+      "id the wrong way round, two strides swapped, a head count or a grid larger than the tensors "
+      "(H_kv passed where H belongs), or an offset built from the wrong length.")
+def _wild_access(ctx):
+    hits = [r for r in ctx.results if r.wild]
+    if not hits:
+        return None
+    loads, stores = (sum(r.wild[k] for r in hits) for k in ("loads", "stores"))
+    return (f"{stores} stores and {loads} loads outside every tensor, in {len(hits)} of "
+            f"{len(ctx.results)} cases ({ctx.names_of(hits)})")
+
+
 # --------------------------------------------------------------------------------------
 # patterns that pin one cause
 # --------------------------------------------------------------------------------------

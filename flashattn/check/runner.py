@@ -56,6 +56,54 @@ def count_triton_launches():
         setattr(cls, attr, original)
 
 
+@contextlib.contextmanager
+def fence_wild_access():
+    """In the interpreter: loads and stores that fall outside every tensor the kernel was given
+    (each argument's whole storage, guards included) are masked off -- a wild store there would
+    corrupt the Python process's own memory and kill the learner's kernel -- and counted. Yields
+    ``{"loads": n, "stores": n}``. Elsewhere it counts nothing (a GPU reports its own fault)."""
+    found = {"loads": 0, "stores": 0}
+    if not runtime.INTERPRET:
+        yield found
+        return
+    from triton.runtime import interpreter
+
+    spans: list = []
+    launch_cls, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
+    call, load, store = launch_cls.__call__, builder.create_masked_load, builder.create_masked_store
+
+    def recording_call(self, *args, **kwargs):
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, torch.Tensor):
+                lo = a.untyped_storage().data_ptr()
+                spans.append((lo, lo + a.untyped_storage().nbytes()))
+        return call(self, *args, **kwargs)
+
+    def fenced(kind, ptrs, mask):
+        addrs = ptrs.data
+        inside = np.zeros(addrs.shape, dtype=bool)
+        for lo, hi in spans:
+            inside |= (addrs >= lo) & (addrs < hi)
+        wanted = np.broadcast_to(mask.data, addrs.shape)
+        wild = wanted & ~inside
+        if not wild.any():
+            return mask
+        found[kind] += int(wild.sum())
+        return interpreter.TensorHandle(wanted & inside, mask.dtype)
+
+    def fenced_load(self, ptrs, mask, *rest):
+        return load(self, ptrs, fenced("loads", ptrs, mask), *rest)
+
+    def fenced_store(self, ptrs, value, mask, *rest):
+        return store(self, ptrs, value, fenced("stores", ptrs, mask), *rest)
+
+    launch_cls.__call__, builder.create_masked_load, builder.create_masked_store = recording_call, fenced_load, fenced_store
+    try:
+        yield found
+    finally:
+        launch_cls.__call__, builder.create_masked_load, builder.create_masked_store = call, load, store
+
+
 _TORCH_KERNEL = re.compile(r"at::|at_cuda_detail|elementwise|vectorized|reduce_kernel|fill|copy|"
                            r"cutlass|cublas|gemm|Memcpy|Memset", re.IGNORECASE)
 
@@ -256,16 +304,18 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             x = make(case, case_dtype, device, seed, with_do)
             try:
                 watched = {n: getattr(x, n, None) for n in GUARDED}
-                with watch_guard_reads(watched) as over_read:
+                with fence_wild_access() as wild, watch_guard_reads(watched) as over_read:
                     outs, expected, extra = run_case(case, x)
                 res.oob_reads = sorted(over_read, key=GUARDED.index) or None
+                if wild["loads"] or wild["stores"]:
+                    res.wild = dict(wild)
                 res.launches = extra.get("launches")
                 for name, want in extra.get("dtypes", {}).items():
                     got = getattr(outs.get(name), "dtype", None)
                     if got is not None and got != want:
                         raise DtypeError(f"{name} has dtype {got}, expected {want}")
                 res.swapped = swapped_outputs(outs, expected)
-                if case.repeat:
+                if case.repeat and not res.wild:
                     again, _, _ = run_case(case, x)
                     changed = [n for n in outs if not _same_bits(outs[n], again[n])]
                     res.nondeterministic = changed or None
@@ -280,7 +330,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 if any(not t.ok and fingerprints.overcounted(outs[n], expected[n], case_tol)
                        for n, t in res.tensors.items()):
                     res.fingerprints.add("overcount")
-                if any(t.nan_computed for t in res.tensors.values()) and not res.oob_reads \
+                if any(t.nan_computed for t in res.tensors.values()) and not res.oob_reads and not res.wild \
                         and nan_searches < 2 and make is make_inputs:
                     nan_searches += 1
                     res.nan_from = _nan_origin(run_case, case, case_dtype, device, seed, with_do)
