@@ -17,7 +17,8 @@ The pieces, in the order data flows through them::
 and beside them: ``fast`` (the tuned kernels flash_attention uses on a GPU), ``bench``
 (python -m flashattn.bench), ``planted`` (named one-line bugs and ablations made from the real
 kernels), ``viz`` (figures), ``check`` (exercise checkers), ``exercises``
-(python -m flashattn.exercises), ``lazy`` (the capstone: lazy attention).
+(python -m flashattn.exercises), ``lazy`` (the capstone: lazy attention), ``beyond`` (lesson 09:
+sliding windows, dropout by recomputation, packed variable-length batches).
 """
 from . import runtime  # first: sets TRITON_INTERPRET=1 when there is no GPU
 from .runtime import (BF16FallbackWarning, INTERPRET, default_device, device_summary,
@@ -31,6 +32,8 @@ from .autograd import FlashAttentionFunction, teaching_flash_attention
 from .api import flash_attention, scaled_dot_product_attention
 from .verify import Report, check_attention, compare, sdpa, verify_attention
 from .lazy import LazyAttentionFunction, lazy_attention
+from . import beyond
+from .beyond import flash_attention_varlen
 
 __version__ = "0.1.0"
 
@@ -42,5 +45,5 @@ __all__ = [
     "verify_attention", "check_attention", "compare", "sdpa", "Report",
     "KernelConfig", "BF16FallbackWarning", "INTERPRET", "default_device", "device_summary",
     "where", "runtime",
-    "lazy_attention", "LazyAttentionFunction",
+    "lazy_attention", "LazyAttentionFunction", "beyond", "flash_attention_varlen",
 ]

@@ -83,15 +83,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     H_kv (grouped-query attention); without it the head counts must match, as in SDPA.
     Under ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
 
+    ``dropout_p > 0`` runs lesson 09's kernels (``flashattn.beyond``): the dropout mask is drawn
+    from torch's generator and regenerated in the backward. They are the lesson kernels, not the
+    tuned ones, and they are not a registered operator yet (``torch.compile`` breaks the graph
+    there). Pass ``dropout_p=0.0`` outside training, as with SDPA.
+
     Not supported yet, with a ``NotImplementedError`` that says so: ``attn_mask`` (arbitrary
-    masks), ``dropout_p > 0``, a value head dim unlike the query's.
+    masks), a value head dim unlike the query's.
     """
     if attn_mask is not None:
         raise NotImplementedError("flashattn.scaled_dot_product_attention does not take attn_mask yet "
                                   "(only is_causal); use torch's SDPA for arbitrary masks")
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flashattn.scaled_dot_product_attention does not do dropout yet "
-                                  f"(dropout_p={dropout_p}); pass dropout_p=0.0")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -122,7 +124,12 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             return t[None]
         return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
-    out = flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale)
+    if dropout_p != 0.0:     # lesson 09's kernels: the mask regenerated in the backward, never stored
+        from . import beyond
+        out = beyond.flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale,
+                                     dropout_p=dropout_p)
+    else:
+        out = flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale)
     if query.dim() == 4:
         return out
     return out.reshape(*lead, *query.shape[-3:]) if query.dim() > 4 else out.reshape(query.shape)

@@ -52,7 +52,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def causal_tile_classes(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int,
-                        causal: bool = True) -> np.ndarray:
+                        causal: bool = True, window=None) -> np.ndarray:
     """``[cdiv(S_q, BLOCK_M), cdiv(S_k, BLOCK_N)]`` array of ``TILE_*`` codes.
 
     "Visited" follows the loop bounds of ``attn_bwd_dq_kernel``: query block ``m`` loops over
@@ -60,22 +60,28 @@ def causal_tile_classes(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int,
     ``floor(n * BLOCK_N / BLOCK_M) * BLOCK_M`` visits the very same tiles). Whether a visited
     tile needs the element mask is decided element by element over its real (unpadded) rows
     and columns, with SDPA's top-left causal rule: query ``i`` sees key ``j`` iff ``j <= i``.
+    ``window=(left, right)`` (lesson 09): query i sees keys i - left ... i + right, and the loop
+    also starts late, at the first tile the window reaches (``flashattn.beyond``'s bounds).
     """
+    from .beyond.kernels import window_bounds
+
     n_m, n_n = _cdiv(S_q, BLOCK_M), _cdiv(S_k, BLOCK_N)
     out = np.full((n_m, n_n), TILE_FULL, dtype=np.int64)
-    if not causal:
+    if not causal and window is None:
         return out
+    windowed, left, right = window_bounds(window, causal, S_q, S_k)
     for m in range(n_m):
-        kv_end = min(S_k, (m + 1) * BLOCK_M)
+        kv_start = max(0, m * BLOCK_M - left) // BLOCK_N * BLOCK_N if windowed else 0
+        kv_end = min(S_k, (m + 1) * BLOCK_M + right)
         r0, r1 = m * BLOCK_M, min((m + 1) * BLOCK_M, S_q)
         for n in range(n_n):
             c0, c1 = n * BLOCK_N, min((n + 1) * BLOCK_N, S_k)
-            if c0 >= kv_end:
+            if c0 >= kv_end or c1 <= kv_start:
                 out[m, n] = TILE_SKIPPED
                 continue
             i = np.arange(r0, r1)[:, None]
             j = np.arange(c0, c1)[None, :]
-            seen = int((j <= i).sum())
+            seen = int(((j >= i - left) & (j <= i + right)).sum())
             if seen == 0:
                 out[m, n] = TILE_EMPTY
             elif seen == (r1 - r0) * (c1 - c0):
@@ -90,7 +96,7 @@ def _tile_counts(classes: np.ndarray) -> dict:
 
 
 def plot_causal_tiles(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int, *, causal: bool = True,
-                      ax=None, title: Optional[str] = None, legend: bool = True):
+                      window=None, ax=None, title: Optional[str] = None, legend: bool = True):
     """Draw the (Q block, K block) tiles over the element-level mask.
 
     Grey pixels are the (query i, key j) pairs that attention actually uses; each tile is
@@ -103,13 +109,14 @@ def plot_causal_tiles(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int, *, causal:
 
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 4.2 * min(2.0, max(0.5, S_q / S_k))))
-    classes = causal_tile_classes(S_q, S_k, BLOCK_M, BLOCK_N, causal)
+    from .beyond.reference import window_mask
+
+    classes = causal_tile_classes(S_q, S_k, BLOCK_M, BLOCK_N, causal, window)
     n_m, n_n = classes.shape
     H, W = n_m * BLOCK_M, n_n * BLOCK_N
 
-    i = np.arange(H)[:, None]
-    j = np.arange(W)[None, :]
-    used = (i < S_q) & (j < S_k) & ((j <= i) if causal else True)
+    used = np.zeros((H, W), dtype=bool)
+    used[:S_q, :S_k] = window_mask(S_q, S_k, causal, window).numpy()
     ax.imshow(np.where(used, 0.55, 1.0), cmap="gray", vmin=0, vmax=1, extent=(0, W, H, 0),
               interpolation="nearest")
     for m in range(n_m):
@@ -130,8 +137,9 @@ def plot_causal_tiles(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int, *, causal:
     counts = _tile_counts(classes)
     visited = classes.size - counts["skipped"]
     if title is None:
-        title = f"S_q={S_q}, S_k={S_k}, {'causal' if causal else 'not causal'}: {visited}/{classes.size} visited"
-        if causal:
+        kind = ("causal" if causal else "not causal") + (f", window {tuple(window)}" if window is not None else "")
+        title = f"S_q={S_q}, S_k={S_k}, {kind}: {visited}/{classes.size} visited"
+        if causal or window is not None:
             title += f"\n{counts['fully visible']} full, {counts['needs element mask']} need the mask"
             if counts["visited, all masked"]:
                 title += f", {counts['visited, all masked']} in vain"

@@ -325,3 +325,40 @@ def test_kernel_still_raising_not_implemented_is_not_run():
 
     with pytest.raises(AssertionError, match="not implemented yet"):
         check.dq_kernel(launch, show=False)
+
+
+@pytest.fixture
+def gpu_evidence(monkeypatch):
+    """What the checker sees on a GPU: no record of which loads went past the end, and no count of
+    wild accesses (the interpreter still fences them off, so the process survives)."""
+    import contextlib
+    from flashattn.check import runner
+    fence = runner.fence_wild_access
+
+    @contextlib.contextmanager
+    def unrecorded_fence():
+        with fence():
+            yield {"loads": 0, "stores": 0}
+
+    @contextlib.contextmanager
+    def no_read_record(inputs):
+        yield set()
+
+    monkeypatch.setattr(runner, "fence_wild_access", unrecorded_fence)
+    monkeypatch.setattr(runner, "watch_guard_reads", no_read_record)
+
+
+@pytest.mark.parametrize("bug", ["dq.batch_head_swapped", "dq.q_row_stride_typo"])
+def test_memory_diagnoses_from_a_gpus_evidence(bug, gpu_evidence):
+    """On a GPU the same planted bugs are named from what stores and NaN guards show."""
+    hint, phrase = DQ_BUGS[bug]
+    with planted.plant(bug):
+        r = run_checker(check.dq_kernel, launch_dq_direct)
+    assert_hint(r, hint)
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_lengths_swapped_from_a_gpus_evidence(gpu_evidence):
+    r = run_checker(check.dq_kernel, launch_dq_lengths_swapped)
+    assert_hint(r, "lengths_swapped")
+    assert "written past their end" in " ".join(r.diagnosis().split()), r.diagnosis()

@@ -50,8 +50,8 @@ def test_what_is_not_supported_says_so():
     q = rand(1, 2, 8, 16, dtype=DTYPE)
     with pytest.raises(NotImplementedError, match="attn_mask"):
         flashattn.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool))
-    with pytest.raises(NotImplementedError, match="dropout"):
-        flashattn.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+    with pytest.raises(ValueError, match="dropout_p must be in"):
+        flashattn.scaled_dot_product_attention(q, q, q, dropout_p=1.5)
     kv = rand(1, 1, 8, 16, dtype=DTYPE)
     with pytest.raises(ValueError, match="enable_gqa=True"):
         flashattn.scaled_dot_product_attention(q, kv, kv)

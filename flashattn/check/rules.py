@@ -6,12 +6,11 @@ adding one rule here -- at the place in the order where it is more specific than
 after it -- and a planted bug (``flashattn.planted.CATALOG`` or a test function) that triggers
 exactly it (``tests/test_check_kernels.py``, ``tests/test_check.py``).
 
-The order, roughly: the code did not run (not written, no kernel, wrong order or shape,
-exceptions); it ran differently twice (a race); patterns that pin a cause exactly (a batch
-offset, the GQA head, one tensor with another's strides); memory (reads past the end, elements
-never written); exact matches with known wrong formulas; NaN; writes past the end; constant
-factors; which outputs are wrong; which cases are wrong; and last, what was seen.
-"""
+The order, roughly: the code did not run (not written, no kernel, wrong order or shape, exceptions);
+it ran differently twice (a race); patterns that pin a cause exactly (a batch offset, the GQA head,
+one tensor with another's strides); memory (reads past the end, elements never written); exact
+matches with known wrong formulas; NaN; writes past the end; constant factors; which outputs are
+wrong; which cases are wrong; and last, what was seen."""
 from __future__ import annotations
 
 import math
@@ -133,18 +132,33 @@ def _race(ctx):
 
 
 @rule("wild_access", "an address falls outside every tensor the kernel was given",
-      "Some loads or stores reached memory that belongs to none of the kernel's tensors (here they "
-      "were dropped; on a GPU: an illegal memory access, or silent corruption of something else). "
+      "Some loads or stores reached memory that belongs to none of the kernel's tensors (in the "
+      "interpreter the checker fences them off; on a GPU they land wherever the address points: an "
+      "illegal memory access, or silent corruption of something else). "
       "The address is far off, not one block too far: the batch and head decoded from the program "
       "id the wrong way round, two strides swapped, a head count or a grid larger than the tensors "
       "(H_kv passed where H belongs), or an offset built from the wrong length.")
 def _wild_access(ctx):
     hits = [r for r in ctx.results if r.wild]
     if not hits:
-        return None
+        return _displaced_stores(ctx)
     loads, stores = (sum(r.wild[k] for r in hits) for k in ("loads", "stores"))
     return (f"{stores} stores and {loads} loads outside every tensor, in {len(hits)} of "
             f"{len(ctx.results)} cases ({ctx.names_of(hits)})")
+
+
+def _displaced_stores(ctx):
+    """A GPU fences nothing off, but the guard past an output shows stores that landed there: with
+    contiguous inputs and block-multiple lengths, unwritten elements beside elements written past
+    the end mean the store's address itself is wrong."""
+    shifted = [(r, t) for r, t in ctx.bad_tensors()
+               if r.case.contiguous and _aligned(r.case) and t.unwritten and t.guard_touched]
+    if not shifted:
+        return None
+    r, t = shifted[0]
+    return (f"'{r.case.name}' (contiguous inputs, lengths multiples of {BLOCKS[-1]}): {t.unwritten} "
+            f"elements of {t.name} never written and {t.guard_touched} written past its end -- its stores "
+            f"went to other addresses; {ctx.case_pattern()}")
 
 
 # --------------------------------------------------------------------------------------
@@ -284,6 +298,10 @@ _QUERY_SIDE = {"q", "do", "lse", "delta"}
       "length is the other. Compare the call's arguments with the kernel's signature.")
 def _lengths_swapped(ctx):
     seen = [r for r in ctx.failing if r.oob_reads]
+    if not seen and _exactly(ctx, "sq_ne_sk") and _lengths_swapped_by_stores(ctx):
+        return (f"{ctx.case_pattern()}; outputs written past their end where their own length is the "
+                f"smaller, left unwritten from the other length on where it is the larger, and rows below "
+                f"both lengths wrong as well")
     if not (_exactly(ctx, "sq_ne_sk") and 2 * len(seen) >= len(ctx.failing)):
         return None
     for r in seen:      # (a read past one head's rows into the next shows no guard: not every case)
@@ -291,6 +309,21 @@ def _lengths_swapped(ctx):
         if query_side != (r.case.S_q < r.case.S_k) or (not query_side and set(r.oob_reads) & _QUERY_SIDE):
             return None
     return f"{ctx.case_pattern()}; reads past the end of Q/dO/LSE/delta where S_q < S_k, of K/V where S_q > S_k"
+
+
+def _lengths_swapped_by_stores(ctx) -> bool:
+    """The same mistake seen through stores alone (a GPU keeps no record of loads): each output
+    bounded by the other length, both ways, and rows below both lengths wrong too."""
+    past = unwritten = low = False
+    for r, t in ctx.bad_tensors():
+        keys = t.name in ("dK", "dV")
+        own, other = (r.case.S_k, r.case.S_q) if keys else (r.case.S_q, r.case.S_k)
+        if own > other and t.guard_touched:
+            return False
+        past |= own < other and t.guard_touched > 0
+        unwritten |= own > other and t.unwritten > 0
+        low |= any(row < min(own, other) for row in t.bad_rows())
+    return past and unwritten and low
 
 
 def _aligned(case) -> bool:
@@ -306,6 +339,12 @@ def _aligned(case) -> bool:
       "and head indices that stay below the number of heads.")
 def _address_past_end(ctx):
     seen = [r for r in ctx.failing if r.oob_reads and _aligned(r.case)]
+    traced = [r for r in ctx.failing if r.nan_from and _aligned(r.case)]   # a GPU's evidence
+    if not seen and traced:
+        names = list(dict.fromkeys(n for r in traced for n in r.nan_from))
+        return (f"a load reached past the end of {', '.join(_INPUT_NAMES.get(n, n) for n in names)} (with NaN only "
+                f"there, the output turns NaN) in {ctx.names_of(traced)}, where S_q and S_k are multiples of "
+                f"{BLOCKS[-1]}: no mask is at stake there")
     if not seen:
         return None
     names = list(dict.fromkeys(n for r in seen for n in r.oob_reads))

@@ -1,0 +1,250 @@
+"""Lesson 09's kernels (flashattn.beyond): sliding windows, dropout by recomputation, packed
+variable-length batches, each against the float64 oracle head by head, forward and backward.
+
+On the CPU (Triton interpreter) small odd shapes with 16 x 16 tiles, so that windows cross tile
+boundaries; on a GPU the same tests at larger sizes and in fp16/bf16. Outputs start as NaN
+(conftest), so an element a kernel skips shows.
+"""
+import pytest
+import torch
+
+import flashattn
+from flashattn import KernelConfig, beyond
+
+from conftest import DEVICE, ON_GPU, TOL, assert_close_per_head, rand
+
+SMALL = None if ON_GPU else KernelConfig(16, 16)
+DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float32]
+SCALE_UP = 8 if ON_GPU else 1            # GPU: longer sequences
+
+
+def tol(dtype):
+    return {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype] if ON_GPU else TOL[dtype] * 5
+
+
+def run_and_reference(q, k, v, *, causal=False, window=None, dropout_p=0.0, seed=7, do_layout="contiguous"):
+    """(outputs of the kernels, of the oracle): O, dQ, dK, dV."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    o = beyond.flash_attention(q, k, v, causal=causal, window=window, dropout_p=dropout_p, seed=seed, config=SMALL)
+    do = torch.randn_like(o)
+    if do_layout == "stride0":                      # the gradient of o.sum(): every element 1
+        do = torch.ones(1, 1, 1, 1, dtype=o.dtype, device=o.device).expand_as(o)
+    o.backward(do)
+    B, H, S_q, _ = q.shape
+    keep = None
+    if dropout_p > 0:
+        keep = beyond.dropout_mask(seed, B * H, S_q, k.shape[2], dropout_p, q.device).view(B, H, S_q, k.shape[2])
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = beyond.attention_reference(qd, kd, vd, causal, None, window, keep, dropout_p)
+    ref.backward(do.double())
+    return (o, q.grad, k.grad, v.grad), (ref, qd.grad, kd.grad, vd.grad)
+
+
+def assert_all_close(got, want, dtype):
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), got, want):
+        assert_close_per_head(name, a, b, tol(dtype))
+
+
+# --------------------------------------------------------------------------------------
+# sliding windows
+# --------------------------------------------------------------------------------------
+WINDOWS = [((8, 0), False), ((5, 3), False), ((0, 0), False), ((-1, 6), False), ((12, -1), True), ((3, 9), True)]
+
+
+@pytest.mark.parametrize("window, causal", WINDOWS)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 37, 37, 16), (2, 4, 2, 33, 50, 32), (1, 2, 1, 50, 23, 16)],
+                         ids=["odd", "sq<sk gqa", "sq>sk mqa"])
+def test_window_matches_reference(window, causal, shape):
+    B, H, H_kv, S_q, S_k, D = shape
+    dtype = DTYPES[0]
+    q = rand(B, H, S_q * SCALE_UP, D, dtype=dtype, layout="bshd")
+    k = rand(B, H_kv, S_k * SCALE_UP, D, dtype=dtype)
+    v = rand(B, H_kv, S_k * SCALE_UP, D, dtype=dtype, layout="sliced")
+    assert_all_close(*run_and_reference(q, k, v, causal=causal, window=window), dtype)
+
+
+def test_causal_is_the_window_minus_one_zero():
+    q, k, v = (rand(1, 2, 41, 16) for _ in range(3))
+    a = beyond.flash_attention(q, k, v, causal=True, config=SMALL)
+    b = beyond.flash_attention(q, k, v, window=(-1, 0), config=SMALL)
+    c = flashattn.flash_attention(q, k, v, causal=True)
+    assert torch.equal(a, b)
+    assert_close_per_head("O", a, c, tol(q.dtype))
+
+
+def test_rows_that_see_no_key_are_zero_with_zero_gradients():
+    """S_q > S_k with a narrow window: rows from S_k + left on see no key."""
+    q, k, v = rand(1, 2, 40, 16), rand(1, 2, 12, 16), rand(1, 2, 12, 16)
+    got, want = run_and_reference(q, k, v, window=(2, 2))
+    assert_all_close(got, want, q.dtype)
+    assert torch.equal(got[0][:, :, 15:], torch.zeros_like(got[0][:, :, 15:]))
+    assert torch.equal(got[1][:, :, 15:], torch.zeros_like(got[1][:, :, 15:]))
+
+
+@pytest.mark.skipif(ON_GPU, reason="tile sizes are chosen by the GPU's config policy; the CPU test pins them")
+def test_tiles_outside_the_window_are_never_visited():
+    """NaN in V's first key tile: with window (4, 0), rows 32-63 need keys 28-63 only, so the
+    blocks that own them must not even load that tile (0 * NaN = NaN would show)."""
+    q, k = rand(1, 1, 64, 16), rand(1, 1, 64, 16)
+    v = rand(1, 1, 64, 16)
+    v[:, :, :16] = float("nan")
+    o = beyond.flash_attention(q, k, v, window=(4, 0), config=KernelConfig(16, 16))
+    assert torch.isfinite(o[:, :, 32:]).all()
+    assert not torch.isfinite(o[:, :, :16]).all()            # the tile is read where it is needed
+    # the dK/dV kernel: NaN in the last query tile's dO, which keys 0-31 cannot reach
+    q, k, v = (t.requires_grad_() for t in (rand(1, 1, 64, 16), rand(1, 1, 64, 16), rand(1, 1, 64, 16)))
+    o = beyond.flash_attention(q, k, v, window=(4, 0), config=KernelConfig(16, 16))
+    do = torch.randn_like(o)
+    do[:, :, 48:] = float("nan")
+    o.backward(do)
+    assert torch.isfinite(k.grad[:, :, :32]).all() and torch.isfinite(v.grad[:, :, :32]).all()
+
+
+# --------------------------------------------------------------------------------------
+# dropout
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (6, 6))])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_gradients_match_the_reference_with_the_same_mask(causal, window, p):
+    dtype = DTYPES[0]
+    q = rand(2, 2, 35 * SCALE_UP, 16, dtype=dtype)
+    k, v = rand(2, 1, 29 * SCALE_UP, 16, dtype=dtype), rand(2, 1, 29 * SCALE_UP, 16, dtype=dtype, layout="bshd")
+    assert_all_close(*run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=1234), dtype)
+
+
+def test_dropout_with_a_stride_zero_gradient():
+    q, k, v = (rand(1, 2, 33, 16) for _ in range(3))
+    assert_all_close(*run_and_reference(q, k, v, dropout_p=0.3, do_layout="stride0"), q.dtype)
+
+
+def test_dropout_is_reproducible_and_seeded():
+    q, k, v = (rand(1, 2, 40, 16) for _ in range(3))
+    a = beyond.flash_attention(q, k, v, dropout_p=0.2, seed=5, config=SMALL)
+    b = beyond.flash_attention(q, k, v, dropout_p=0.2, seed=5, config=SMALL)
+    c = beyond.flash_attention(q, k, v, dropout_p=0.2, seed=6, config=SMALL)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    torch.manual_seed(3)
+    d = beyond.flash_attention(q, k, v, dropout_p=0.2, config=SMALL)
+    torch.manual_seed(3)
+    e = beyond.flash_attention(q, k, v, dropout_p=0.2, config=SMALL)
+    assert torch.equal(d, e)
+
+
+def test_dropout_zero_is_no_dropout():
+    q, k, v = (rand(1, 2, 40, 16) for _ in range(3))
+    assert torch.equal(beyond.flash_attention(q, k, v, dropout_p=0.0, config=SMALL),
+                       beyond.flash_attention(q, k, v, config=SMALL))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_mask_statistics(p):
+    """The kept fraction is 1 - p within 5 standard errors, per head and overall, and no
+    (sequence, head) repeats another's mask."""
+    heads, S = 4, 96
+    keep = beyond.dropout_mask(11, heads, S, S, p, DEVICE).float()
+    n = S * S
+    sigma = ((p * (1 - p)) / n) ** 0.5
+    per_head = keep.mean(dim=(1, 2))
+    assert ((per_head - (1 - p)).abs() < 5 * sigma).all(), per_head
+    assert abs(float(keep.mean()) - (1 - p)) < 5 * sigma / heads ** 0.5
+    assert all(not torch.equal(keep[i], keep[j]) for i in range(heads) for j in range(i))
+    rows, cols = keep.mean(dim=2), keep.mean(dim=1)             # no row or column pattern
+    assert ((rows - (1 - p)).abs() < 6 * (p * (1 - p) / S) ** 0.5).all()
+    assert ((cols - (1 - p)).abs() < 6 * (p * (1 - p) / S) ** 0.5).all()
+
+
+# --------------------------------------------------------------------------------------
+# packed variable-length batches
+# --------------------------------------------------------------------------------------
+def packed(lens_q, lens_k, H, H_kv, D, dtype):
+    cu_q = torch.tensor([0] + torch.tensor(lens_q).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    cu_k = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device=DEVICE)
+    q = torch.randn(sum(lens_q), H, D, dtype=dtype, device=DEVICE)
+    k = torch.randn(sum(lens_k), H_kv, D, dtype=dtype, device=DEVICE)
+    v = torch.randn(sum(lens_k), H_kv, 2 * D, dtype=dtype, device=DEVICE)[..., ::2]      # strided
+    return q, k, v, cu_q, cu_k
+
+
+VARLEN_CASES = [
+    ([5, 17, 1, 30], [5, 17, 1, 30], 2, 1, True, None, 0.0),
+    ([20, 7, 33], [11, 40, 33], 2, 2, False, (4, 2), 0.0),
+    ([9, 0, 24], [9, 3, 24], 4, 2, True, (6, -1), 0.25),
+    ([31, 16], [31, 16], 2, 2, False, None, 0.5),
+]
+
+
+@pytest.mark.parametrize("lens_q, lens_k, H, H_kv, causal, window, p", VARLEN_CASES)
+def test_varlen_matches_each_sequence_alone(lens_q, lens_k, H, H_kv, causal, window, p):
+    dtype = DTYPES[0]
+    lens_q, lens_k = [n * SCALE_UP for n in lens_q], [n * SCALE_UP for n in lens_k]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H, H_kv, 16, dtype)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                      window=window, dropout_p=p, seed=99, config=SMALL)
+    assert o.shape == q.shape and o.is_contiguous()
+    do = torch.randn_like(o)
+    o.backward(do)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = beyond.varlen_reference(qd, kd, vd, cu_q, cu_k, causal, None, window, p, 99)
+    ref.backward(do.double())
+    # per head of the packed tensors: [total, H, D] -> [1, H, total, D]
+    for name, a, b in (("O", o, ref), ("dQ", q.grad, qd.grad), ("dK", k.grad, kd.grad), ("dV", v.grad, vd.grad)):
+        assert_close_per_head(name, a.permute(1, 0, 2)[None], b.permute(1, 0, 2)[None], tol(dtype))
+
+
+def test_varlen_never_attends_across_sequences():
+    """Changing the second sequence's keys leaves the first sequence's output bit-identical."""
+    q, k, v, cu_q, cu_k = packed([19, 21], [19, 21], 2, 2, 16, DTYPES[0])
+    a = beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, 21, 21, config=SMALL)
+    k2, v2 = k.clone(), v.clone()
+    k2[19:], v2[19:] = 100.0, -100.0
+    b = beyond.flash_attention_varlen(q, k2, v2, cu_q, cu_k, 21, 21, config=SMALL)
+    assert torch.equal(a[:19], b[:19]) and not torch.equal(a[19:], b[19:])
+
+
+@pytest.mark.parametrize("cu, message", [
+    ([0, 10, 5, 20], "must not decrease"), ([2, 10, 20], "must start at 0"), ([0, 10, 19], "must end at the packed length 20"),
+])
+def test_varlen_rejects_bad_cu_seqlens(cu, message):
+    q, k, v, _, _ = packed([10, 10], [10, 10], 2, 2, 16, DTYPES[0])
+    bad = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+    good = torch.tensor([0, 10, 20], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        beyond.flash_attention_varlen(q, k, v, bad, good, 10, 10)
+
+
+def test_varlen_rejects_a_short_max_seqlen_and_mismatched_batches():
+    q, k, v, cu_q, cu_k = packed([10, 14], [10, 14], 2, 2, 16, DTYPES[0])
+    with pytest.raises(ValueError, match="max_seqlen_q must be an int >= the longest sequence \\(14\\)"):
+        beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, 12, 14)
+    with pytest.raises(ValueError, match="describes 2 sequences and cu_seqlens_k 1"):
+        beyond.flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 24], dtype=torch.int32, device=DEVICE), 14, 24)
+    with pytest.raises(ValueError, match="packed 3-D"):
+        beyond.flash_attention_varlen(q[None], k, v, cu_q, cu_k, 14, 14)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(window=(-2, 3)), ValueError, "window sides must be >= 0, or -1"),
+    (dict(window=(1.5, 3)), TypeError, "pair of ints"),
+    (dict(window=4), TypeError, "pair of ints"),
+    (dict(dropout_p=1.0), ValueError, r"dropout_p must be in \[0, 1\)"),
+    (dict(dropout_p=-0.1), ValueError, r"dropout_p must be in \[0, 1\)"),
+    (dict(dropout_p=0.1, seed=-1), ValueError, "seed must be an int"),
+])
+def test_bad_arguments_say_what_was_expected(kwargs, error, message):
+    q, k, v = (rand(1, 2, 16, 16) for _ in range(3))
+    with pytest.raises(error, match=message):
+        beyond.flash_attention(q, k, v, **kwargs)
+
+
+def test_sdpa_entry_point_takes_dropout():
+    """flashattn.scaled_dot_product_attention(dropout_p=p) runs these kernels: same seed, same
+    result as beyond.flash_attention; gradients flow."""
+    q, k, v = (rand(1, 2, 24, 16).requires_grad_() for _ in range(3))
+    torch.manual_seed(21)
+    a = flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+    torch.manual_seed(21)
+    b = beyond.flash_attention(q, k, v, causal=True, dropout_p=0.3)
+    assert torch.equal(a, b)
+    a.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
