@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from . import fast, ops, runtime
+from . import beyond, fast, ops, runtime
 
 IMPLEMENTATIONS = ("auto", "fast", "teaching")
 
@@ -125,7 +125,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
     if dropout_p != 0.0:     # lesson 09's kernels: the mask regenerated in the backward, never stored
-        from . import beyond
         out = beyond.flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale,
                                      dropout_p=dropout_p)
     else:

@@ -22,26 +22,19 @@ def tol(dtype):
     return {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype] if ON_GPU else TOL[dtype] * 5
 
 
-def run_and_reference(q, k, v, *, causal=False, window=None, dropout_p=0.0, seed=7, do_layout="contiguous"):
-    """(outputs of the kernels, of the oracle): O, dQ, dK, dV."""
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    o = beyond.flash_attention(q, k, v, causal=causal, window=window, dropout_p=dropout_p, seed=seed, config=SMALL)
-    do = torch.randn_like(o)
+def run_and_reference(q, k, v, *, do_layout="contiguous", **kw):
+    """``{name: (kernels', oracle's)}`` for O, dQ, dK, dV."""
+    do = None
     if do_layout == "stride0":                      # the gradient of o.sum(): every element 1
-        do = torch.ones(1, 1, 1, 1, dtype=o.dtype, device=o.device).expand_as(o)
-    o.backward(do)
-    B, H, S_q, _ = q.shape
-    keep = None
-    if dropout_p > 0:
-        keep = beyond.dropout_mask(seed, B * H, S_q, k.shape[2], dropout_p, q.device).view(B, H, S_q, k.shape[2])
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref, _ = beyond.attention_reference(qd, kd, vd, causal, None, window, keep, dropout_p)
-    ref.backward(do.double())
-    return (o, q.grad, k.grad, v.grad), (ref, qd.grad, kd.grad, vd.grad)
+        do = torch.ones(1, 1, 1, 1, dtype=q.dtype, device=q.device).expand(*q.shape[:3], v.shape[-1])
+    return beyond.kernels_and_reference(q, k, v, do, config=SMALL, **kw)
 
 
-def assert_all_close(got, want, dtype):
-    for name, a, b in zip(("O", "dQ", "dK", "dV"), got, want):
+def assert_all_close(pairs, dtype):
+    """Per head: packed [total, H, D] tensors are compared as [1, H, total, D]."""
+    for name, (a, b) in pairs.items():
+        if a.dim() == 3:
+            a, b = (t.permute(1, 0, 2)[None] for t in (a, b))
         assert_close_per_head(name, a, b, tol(dtype))
 
 
@@ -60,7 +53,7 @@ def test_window_matches_reference(window, causal, shape):
     q = rand(B, H, S_q * SCALE_UP, D, dtype=dtype, layout="bshd")
     k = rand(B, H_kv, S_k * SCALE_UP, D, dtype=dtype)
     v = rand(B, H_kv, S_k * SCALE_UP, D, dtype=dtype, layout="sliced")
-    assert_all_close(*run_and_reference(q, k, v, causal=causal, window=window), dtype)
+    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window), dtype)
 
 
 def test_causal_is_the_window_minus_one_zero():
@@ -75,10 +68,11 @@ def test_causal_is_the_window_minus_one_zero():
 def test_rows_that_see_no_key_are_zero_with_zero_gradients():
     """S_q > S_k with a narrow window: rows from S_k + left on see no key."""
     q, k, v = rand(1, 2, 40, 16), rand(1, 2, 12, 16), rand(1, 2, 12, 16)
-    got, want = run_and_reference(q, k, v, window=(2, 2))
-    assert_all_close(got, want, q.dtype)
-    assert torch.equal(got[0][:, :, 15:], torch.zeros_like(got[0][:, :, 15:]))
-    assert torch.equal(got[1][:, :, 15:], torch.zeros_like(got[1][:, :, 15:]))
+    pairs = run_and_reference(q, k, v, window=(2, 2))
+    assert_all_close(pairs, q.dtype)
+    for name in ("O", "dQ"):
+        got = pairs[name][0]
+        assert torch.equal(got[:, :, 15:], torch.zeros_like(got[:, :, 15:])), name
 
 
 @pytest.mark.skipif(ON_GPU, reason="tile sizes are chosen by the GPU's config policy; the CPU test pins them")
@@ -109,12 +103,12 @@ def test_dropout_gradients_match_the_reference_with_the_same_mask(causal, window
     dtype = DTYPES[0]
     q = rand(2, 2, 35 * SCALE_UP, 16, dtype=dtype)
     k, v = rand(2, 1, 29 * SCALE_UP, 16, dtype=dtype), rand(2, 1, 29 * SCALE_UP, 16, dtype=dtype, layout="bshd")
-    assert_all_close(*run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=1234), dtype)
+    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=1234), dtype)
 
 
 def test_dropout_with_a_stride_zero_gradient():
     q, k, v = (rand(1, 2, 33, 16) for _ in range(3))
-    assert_all_close(*run_and_reference(q, k, v, dropout_p=0.3, do_layout="stride0"), q.dtype)
+    assert_all_close(run_and_reference(q, k, v, dropout_p=0.3, do_layout="stride0"), q.dtype)
 
 
 def test_dropout_is_reproducible_and_seeded():
@@ -178,18 +172,11 @@ def test_varlen_matches_each_sequence_alone(lens_q, lens_k, H, H_kv, causal, win
     dtype = DTYPES[0]
     lens_q, lens_k = [n * SCALE_UP for n in lens_q], [n * SCALE_UP for n in lens_k]
     q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H, H_kv, 16, dtype)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o = beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                      window=window, dropout_p=p, seed=99, config=SMALL)
+    pairs = run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=99,
+                              varlen=(cu_q, cu_k, max(lens_q), max(lens_k)))
+    o = pairs["O"][0]
     assert o.shape == q.shape and o.is_contiguous()
-    do = torch.randn_like(o)
-    o.backward(do)
-    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
-    ref = beyond.varlen_reference(qd, kd, vd, cu_q, cu_k, causal, None, window, p, 99)
-    ref.backward(do.double())
-    # per head of the packed tensors: [total, H, D] -> [1, H, total, D]
-    for name, a, b in (("O", o, ref), ("dQ", q.grad, qd.grad), ("dK", k.grad, kd.grad), ("dV", v.grad, vd.grad)):
-        assert_close_per_head(name, a.permute(1, 0, 2)[None], b.permute(1, 0, 2)[None], tol(dtype))
+    assert_all_close(pairs, dtype)
 
 
 def test_varlen_never_attends_across_sequences():

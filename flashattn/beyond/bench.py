@@ -68,9 +68,11 @@ def _time(fn, inputs, do, rep_ms) -> dict:
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
 
 
-def _rows(workload, pairs, D, dtype_name, results, H) -> list[dict]:
+def _rows(workload, dtype_name, H, D, results: dict) -> list[dict]:
+    """One row per provider; ``results`` maps a provider to (its times, the (query, key) pairs
+    per head its problem has)."""
     rows = []
-    for provider, r in results.items():
+    for provider, (r, pairs) in results.items():
         row = {"workload": workload, "dtype": dtype_name, "provider": provider, **r}
         if "fwd_ms" in r:
             row["fwd_tflops"] = 4.0 * pairs * H * D / r["fwd_ms"] * 1e-9
@@ -79,33 +81,27 @@ def _rows(workload, pairs, D, dtype_name, results, H) -> list[dict]:
     return rows
 
 
-def window_workload(S, H, D, dtype, device, rep_ms, window=WINDOW) -> list[dict]:
+def window_workload(S, H, D, dtype, dtype_name, device, rep_ms, window=WINDOW) -> list[dict]:
     q, k, v = (torch.randn(1, H, S, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
-    results = {"flashattn.beyond": _time(lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window, 0)),
-                                         (q, k, v), do, rep_ms)}
+    pairs = sum(min(i, window) + 1 for i in range(S))
+    results = {"flashattn.beyond": (_time(lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window, 0)),
+                                          (q, k, v), do, rep_ms), pairs)}
     if device.type == "cuda":
         flex = _flex(lambda b, h, i, j: (j <= i) & (i - j <= window), S, device)
         if flex is not None:
-            results["flex (sliding window)"] = _time(flex, (q, k, v), do, rep_ms)
+            results["flex (sliding window)"] = (_time(flex, (q, k, v), do, rep_ms), pairs)
         varlen = _varlen_attn()
         if varlen is not None:
             cu = torch.tensor([0, S], dtype=torch.int32, device=device)
             packed = [t.detach()[0].transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v)]
-            results["torch varlen_attn (window)"] = _time(
+            results["torch varlen_attn (window)"] = (_time(
                 lambda q, k, v: varlen(q, k, v, cu, cu, S, S, window_size=(window, 0)),
-                tuple(packed), do[0].transpose(0, 1).contiguous(), rep_ms)
+                tuple(packed), do[0].transpose(0, 1).contiguous(), rep_ms), pairs)
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
             full = _time(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), do, rep_ms)
-        results["SDPA flash (full causal)"] = full
-    pairs = sum(min(i, window) + 1 for i in range(S))
-    rows = _rows(f"window {window} in {S}", pairs, D, str(dtype).split(".")[-1], results, H)
-    for row in rows:   # the full causal problem does more work: count its own pairs
-        if row["provider"].startswith("SDPA") and "fwd_ms" in row:
-            full_pairs = S * (S + 1) // 2
-            row["fwd_tflops"] *= full_pairs / pairs
-            row["bwd_tflops"] *= full_pairs / pairs
-    return rows
+        results["SDPA flash (full causal)"] = (full, S * (S + 1) // 2)   # the whole causal problem: more pairs
+    return _rows(f"window {window} in {S}", dtype_name, H, D, results)
 
 
 def mixed_lengths(total: int, n: int, seed: int = 0) -> list[int]:
@@ -117,43 +113,46 @@ def mixed_lengths(total: int, n: int, seed: int = 0) -> list[int]:
     return lens.tolist()
 
 
-def varlen_workload(total, n, H, D, dtype, device, rep_ms) -> list[dict]:
+def varlen_workload(total, n, H, D, dtype, dtype_name, device, rep_ms) -> list[dict]:
     lens = mixed_lengths(total, n)
     cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
     q, k, v = (torch.randn(total, H, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     longest = max(lens)
-    results = {"flashattn.beyond": _time(
-        lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal=True), (q, k, v), do, rep_ms)}
+    pairs = sum(s * (s + 1) // 2 for s in lens)
+    results = {"flashattn.beyond": (_time(
+        lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal=True), (q, k, v), do, rep_ms),
+        pairs)}
     if device.type == "cuda":
         varlen = _varlen_attn()
         if varlen is not None:
-            results["torch varlen_attn"] = _time(
-                lambda q, k, v: varlen(q, k, v, cu, cu, longest, longest, window_size=(-1, 0)), (q, k, v), do, rep_ms)
+            results["torch varlen_attn"] = (_time(
+                lambda q, k, v: varlen(q, k, v, cu, cu, longest, longest, window_size=(-1, 0)), (q, k, v), do, rep_ms),
+                pairs)
         doc = torch.repeat_interleave(torch.arange(n, device=device), torch.tensor(lens, device=device))
         flex = _flex(lambda b, h, i, j: (doc[i] == doc[j]) & (j <= i), total, device)
         if flex is not None:
             as4d = lambda t: t.transpose(0, 1)[None]  # noqa: E731
-            results["flex (document mask)"] = _time(lambda q, k, v: flex(as4d(q), as4d(k), as4d(v))[0].transpose(0, 1),
-                                                    (q, k, v), do, rep_ms)
-    pairs = sum(s * (s + 1) // 2 for s in lens)
-    return _rows(f"varlen {n} seqs, {total} tokens", pairs, D, str(dtype).split(".")[-1], results, H)
+            results["flex (document mask)"] = (_time(
+                lambda q, k, v: flex(as4d(q), as4d(k), as4d(v))[0].transpose(0, 1), (q, k, v), do, rep_ms), pairs)
+    return _rows(f"varlen {n} seqs, {total} tokens", dtype_name, H, D, results)
 
 
-def dropout_workload(B, S, H, D, dtype, device, rep_ms, p=0.1) -> list[dict]:
+def dropout_workload(B, S, H, D, dtype, dtype_name, device, rep_ms, p=0.1) -> list[dict]:
     q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
+    pairs = B * S * (S + 1) // 2
     results = {}
     for prob in (0.0, p):
-        results[f"flashattn.beyond, dropout {prob}"] = _time(
-            lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=prob), (q, k, v), do, rep_ms)
+        results[f"flashattn.beyond, dropout {prob}"] = (_time(
+            lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=prob), (q, k, v), do, rep_ms), pairs)
     if device.type == "cuda":
         for prob in (0.0, p):
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-                results[f"SDPA flash, dropout {prob}"] = _time(
+                results[f"SDPA flash, dropout {prob}"] = (_time(
                     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=prob),
-                    (q, k, v), do, rep_ms)
-    return _rows(f"dropout B{B} S{S}", B * S * (S + 1) // 2, D, str(dtype).split(".")[-1], results, H)
+                    (q, k, v), do, rep_ms), pairs)
+    return _rows(f"dropout B{B} S{S}", dtype_name, H, D, results)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -176,6 +175,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     device = runtime.default_device()
     env = environment()
+    env["command"] = "python -m flashattn.beyond.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     small = args.quick or device.type != "cuda"
     S, total, B, H, D = (256, 256, 1, 2, 32) if small else (16384, 16384, 4, 16, 128)
     window = 64 if small else WINDOW
@@ -183,9 +183,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     rows = []
     for name in dtypes:
         dtype = DTYPES[name]
-        rows += window_workload(S, H, D, dtype, device, args.rep_ms, window)
-        rows += varlen_workload(total, 16 if not small else 4, H, D, dtype, device, args.rep_ms)
-        rows += dropout_workload(B, 4096 if not small else 128, H, D, dtype, device, args.rep_ms)
+        dtype_name = str(dtype).split(".")[-1]
+        rows += window_workload(S, H, D, dtype, dtype_name, device, args.rep_ms, window)
+        rows += varlen_workload(total, 16 if not small else 4, H, D, dtype, dtype_name, device, args.rep_ms)
+        rows += dropout_workload(B, 4096 if not small else 128, H, D, dtype, dtype_name, device, args.rep_ms)
         print(format_table(rows), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import configs, runtime
+from ..backward import attention_backward_delta
 from ..configs import KernelConfig
 
 
@@ -38,6 +39,30 @@ def sequence_bounds(CU_SEQLENS, b, S, VARLEN: tl.constexpr):
         start = tl.load(CU_SEQLENS + b)
         return start, tl.load(CU_SEQLENS + b + 1) - start
     return tl.full([], 0, tl.int32), S
+
+
+@triton.jit
+def rows_of(T, b, h, first_row, stride_b, stride_h, stride_s):
+    """Pointer to row ``first_row`` of (batch entry b, head h) of tensor T, with T's own
+    strides and 64-bit offsets (B * H * S * D can exceed 2**31)."""
+    return T + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + first_row.to(tl.int64) * stride_s
+
+
+@triton.jit
+def tiles_in_reach(pid, S_own, S_other, BEFORE, AFTER, WINDOW: tl.constexpr,
+                   BLOCK_OWN: tl.constexpr, BLOCK_OTHER: tl.constexpr):
+    """[start, end) of the other side's positions that block ``pid`` of this side must visit:
+    position p reaches p - BEFORE ... p + AFTER, so the block reaches from its first position
+    - BEFORE (rounded down to a whole tile) to its last + AFTER, inside [0, S_other). A block past
+    the end of its sequence visits nothing. Query blocks: (BEFORE, AFTER) = (LEFT, RIGHT); key
+    blocks look the other way: (RIGHT, LEFT)."""
+    start = 0
+    end = tl.minimum(S_other, (pid + 1) * BLOCK_OWN + AFTER)
+    if WINDOW:
+        start = tl.maximum(0, pid * BLOCK_OWN - BEFORE) // BLOCK_OTHER * BLOCK_OTHER
+    if pid * BLOCK_OWN >= S_own:
+        end = 0
+    return start, end
 
 
 @triton.jit
@@ -84,11 +109,11 @@ def beyond_fwd_kernel(
     k_start, S_k = sequence_bounds(CU_SEQLENS_K, b, S_k, VARLEN)
     # A packed tensor has one "batch entry" (the launcher passes batch strides of 0); its
     # sequences start at rows q_start / k_start.
-    q_base = Q + b.to(tl.int64) * stride_q_b + h.to(tl.int64) * stride_q_h + q_start.to(tl.int64) * stride_q_s
-    k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h + k_start.to(tl.int64) * stride_k_s
-    v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h + k_start.to(tl.int64) * stride_v_s
-    o_base = O + b.to(tl.int64) * stride_o_b + h.to(tl.int64) * stride_o_h + q_start.to(tl.int64) * stride_o_s
-    lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h + q_start.to(tl.int64) * stride_lse_s
+    q_base = rows_of(Q, b, h, q_start, stride_q_b, stride_q_h, stride_q_s)
+    k_base = rows_of(K, b, h_kv, k_start, stride_k_b, stride_k_h, stride_k_s)
+    v_base = rows_of(V, b, h_kv, k_start, stride_v_b, stride_v_h, stride_v_s)
+    o_base = rows_of(O, b, h, q_start, stride_o_b, stride_o_h, stride_o_s)
+    lse_base = rows_of(LSE, b, h, q_start, stride_lse_b, stride_lse_h, stride_lse_s)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)     # positions inside this sequence
     offs_d = tl.arange(0, BLOCK_D)
@@ -102,14 +127,8 @@ def beyond_fwd_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=acc_dtype)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=acc_dtype)
 
-    # The keys this block of rows can see: [first row - LEFT, last row + RIGHT], inside [0, S_k).
-    # Tiles outside are never visited (the window's saving); a block past the sequence visits none.
-    kv_start = 0
-    kv_end = tl.minimum(S_k, (pid_m + 1) * BLOCK_M + RIGHT)
-    if WINDOW:
-        kv_start = tl.maximum(0, pid_m * BLOCK_M - LEFT) // BLOCK_N * BLOCK_N
-    if pid_m * BLOCK_M >= S_q:
-        kv_end = 0
+    # Only the key tiles this block's window reaches: the others are never loaded (the window's saving).
+    kv_start, kv_end = tiles_in_reach(pid_m, S_q, S_k, LEFT, RIGHT, WINDOW, BLOCK_M, BLOCK_N)
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S_k
@@ -232,14 +251,13 @@ def beyond_dq_kernel(
     h_kv = h // GROUP_SIZE
     q_start, S_q = sequence_bounds(CU_SEQLENS_Q, b, S_q, VARLEN)
     k_start, S_k = sequence_bounds(CU_SEQLENS_K, b, S_k, VARLEN)
-    q_rows = b.to(tl.int64), h.to(tl.int64), q_start.to(tl.int64)    # (batch, head, first row)
-    q_base = Q + q_rows[0] * stride_q_b + q_rows[1] * stride_q_h + q_rows[2] * stride_q_s
-    do_base = DO + q_rows[0] * stride_do_b + q_rows[1] * stride_do_h + q_rows[2] * stride_do_s
-    dq_base = DQ + q_rows[0] * stride_dq_b + q_rows[1] * stride_dq_h + q_rows[2] * stride_dq_s
-    lse_base = LSE + q_rows[0] * stride_lse_b + q_rows[1] * stride_lse_h + q_rows[2] * stride_lse_s
-    delta_base = DELTA + q_rows[0] * stride_delta_b + q_rows[1] * stride_delta_h + q_rows[2] * stride_delta_s
-    k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h + k_start.to(tl.int64) * stride_k_s
-    v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h + k_start.to(tl.int64) * stride_v_s
+    q_base = rows_of(Q, b, h, q_start, stride_q_b, stride_q_h, stride_q_s)
+    do_base = rows_of(DO, b, h, q_start, stride_do_b, stride_do_h, stride_do_s)
+    dq_base = rows_of(DQ, b, h, q_start, stride_dq_b, stride_dq_h, stride_dq_s)
+    lse_base = rows_of(LSE, b, h, q_start, stride_lse_b, stride_lse_h, stride_lse_s)
+    delta_base = rows_of(DELTA, b, h, q_start, stride_delta_b, stride_delta_h, stride_delta_s)
+    k_base = rows_of(K, b, h_kv, k_start, stride_k_b, stride_k_h, stride_k_s)
+    v_base = rows_of(V, b, h_kv, k_start, stride_v_b, stride_v_h, stride_v_s)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -253,12 +271,7 @@ def beyond_dq_kernel(
     delta = tl.load(delta_base + offs_m * stride_delta_s, mask=row_ok, other=0.0)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=LSE.dtype.element_ty)
-    kv_start = 0                                        # the same tiles as the forward visited
-    kv_end = tl.minimum(S_k, (pid_m + 1) * BLOCK_M + RIGHT)
-    if WINDOW:
-        kv_start = tl.maximum(0, pid_m * BLOCK_M - LEFT) // BLOCK_N * BLOCK_N
-    if pid_m * BLOCK_M >= S_q:
-        kv_end = 0
+    kv_start, kv_end = tiles_in_reach(pid_m, S_q, S_k, LEFT, RIGHT, WINDOW, BLOCK_M, BLOCK_N)  # as the forward
     for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < S_k
@@ -307,11 +320,10 @@ def beyond_dkdv_kernel(
     h_kv = pid_bh % H_KV
     q_start, S_q = sequence_bounds(CU_SEQLENS_Q, b, S_q, VARLEN)
     k_start, S_k = sequence_bounds(CU_SEQLENS_K, b, S_k, VARLEN)
-    kv_off = b.to(tl.int64), h_kv.to(tl.int64), k_start.to(tl.int64)
-    k_base = K + kv_off[0] * stride_k_b + kv_off[1] * stride_k_h + kv_off[2] * stride_k_s
-    v_base = V + kv_off[0] * stride_v_b + kv_off[1] * stride_v_h + kv_off[2] * stride_v_s
-    dk_base = DK + kv_off[0] * stride_dk_b + kv_off[1] * stride_dk_h + kv_off[2] * stride_dk_s
-    dv_base = DV + kv_off[0] * stride_dv_b + kv_off[1] * stride_dv_h + kv_off[2] * stride_dv_s
+    k_base = rows_of(K, b, h_kv, k_start, stride_k_b, stride_k_h, stride_k_s)
+    v_base = rows_of(V, b, h_kv, k_start, stride_v_b, stride_v_h, stride_v_s)
+    dk_base = rows_of(DK, b, h_kv, k_start, stride_dk_b, stride_dk_h, stride_dk_s)
+    dv_base = rows_of(DV, b, h_kv, k_start, stride_dv_b, stride_dv_h, stride_dv_s)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -325,20 +337,14 @@ def beyond_dkdv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=LSE.dtype.element_ty)
 
     # The query rows that can see these keys: key j is seen by rows j - RIGHT ... j + LEFT.
-    m_start = 0
-    m_end = tl.minimum(S_q, (pid_n + 1) * BLOCK_N + LEFT)
-    if WINDOW:
-        m_start = tl.maximum(0, pid_n * BLOCK_N - RIGHT) // BLOCK_M * BLOCK_M
-    if pid_n * BLOCK_N >= S_k:
-        m_end = 0
+    m_start, m_end = tiles_in_reach(pid_n, S_k, S_q, RIGHT, LEFT, WINDOW, BLOCK_N, BLOCK_M)
     for g in range(0, GROUP_SIZE):                       # GQA: every query head of the group
         h = h_kv * GROUP_SIZE + g
         seq_head = b * H_KV * GROUP_SIZE + h             # the forward's pid_bh for this head
-        q_off = b.to(tl.int64), h.to(tl.int64), q_start.to(tl.int64)
-        q_base = Q + q_off[0] * stride_q_b + q_off[1] * stride_q_h + q_off[2] * stride_q_s
-        do_base = DO + q_off[0] * stride_do_b + q_off[1] * stride_do_h + q_off[2] * stride_do_s
-        lse_base = LSE + q_off[0] * stride_lse_b + q_off[1] * stride_lse_h + q_off[2] * stride_lse_s
-        delta_base = DELTA + q_off[0] * stride_delta_b + q_off[1] * stride_delta_h + q_off[2] * stride_delta_s
+        q_base = rows_of(Q, b, h, q_start, stride_q_b, stride_q_h, stride_q_s)
+        do_base = rows_of(DO, b, h, q_start, stride_do_b, stride_do_h, stride_do_s)
+        lse_base = rows_of(LSE, b, h, q_start, stride_lse_b, stride_lse_h, stride_lse_s)
+        delta_base = rows_of(DELTA, b, h, q_start, stride_delta_b, stride_delta_h, stride_delta_s)
         for start_m in range(m_start, m_end, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             row_ok = offs_m < S_q
@@ -373,8 +379,6 @@ def beyond_dkdv_kernel(
 def beyond_backward(q, k, v, o, do, lse, layout: Layout, scale: float, window_args: tuple,
                     dropout_p: float, seed: int, *, config: Optional[KernelConfig] = None):
     """dQ, dK, dV for the 4-D views of ``beyond_forward``; delta by lesson 03's kernel."""
-    from ..backward import attention_backward_delta
-
     B, H, S_total_q, D = q.shape
     H_kv, S_total_k = k.shape[1], k.shape[2]
     delta = attention_backward_delta(o, do, config=config)

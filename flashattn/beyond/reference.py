@@ -69,3 +69,30 @@ def packed_mask(cu_seqlens_q, cu_seqlens_k, causal: bool = False, window=None) -
         mask[cu_q[b]:cu_q[b + 1], cu_k[b]:cu_k[b + 1]] = window_mask(cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b],
                                                                      causal, window)
     return mask
+
+
+def kernels_and_reference(q, k, v, do=None, *, causal: bool = False, window=None, dropout_p: float = 0.0,
+                          seed: int = 7, varlen=None, config=None) -> dict:
+    """Run the kernels and the float64 oracle on the same inputs (and the same dropout mask) and
+    return ``{name: (kernels', oracle's)}`` for O, dQ, dK, dV, shaped as the inputs.
+
+    ``varlen``: ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` for packed
+    ``[total, H, D]`` inputs. ``do``: the gradient of O (default: random)."""
+    from .attention import flash_attention, flash_attention_varlen
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    kw = dict(causal=causal, window=window, dropout_p=dropout_p, seed=seed, config=config)
+    o = flash_attention_varlen(q, k, v, *varlen, **kw) if varlen else flash_attention(q, k, v, **kw)
+    do = torch.randn_like(o) if do is None else do
+    o.backward(do)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    if varlen:
+        ref = varlen_reference(qd, kd, vd, varlen[0], varlen[1], causal, None, window, dropout_p, seed)
+    else:
+        B, H, S_q, _ = q.shape
+        keep = None
+        if dropout_p > 0:
+            keep = dropout_mask(seed, B * H, S_q, k.shape[2], dropout_p, q.device).view(B, H, S_q, k.shape[2])
+        ref, _ = attention_reference(qd, kd, vd, causal, None, window, keep, dropout_p)
+    ref.backward(do.double())
+    return {"O": (o, ref), "dQ": (q.grad, qd.grad), "dK": (k.grad, kd.grad), "dV": (v.grad, vd.grad)}
