@@ -83,9 +83,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     H_kv (grouped-query attention); without it the head counts must match, as in SDPA.
     Under ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
 
-    ``dropout_p > 0`` runs lesson 09's kernels (``flashattn.beyond``): the dropout mask is drawn
-    from torch's generator and regenerated in the backward. They are the lesson kernels, not the
-    tuned ones, and they are not a registered operator yet (``torch.compile`` breaks the graph
+    ``dropout_p > 0`` runs through lesson 09's entry point (``flashattn.beyond``; the fast kernels
+    on a GPU): the dropout mask is drawn from torch's generator and regenerated in the backward,
+    never stored. That path is not a registered operator yet (``torch.compile`` breaks the graph
     there). Pass ``dropout_p=0.0`` outside training, as with SDPA.
 
     Not supported yet, with a ``NotImplementedError`` that says so: ``attn_mask`` (arbitrary

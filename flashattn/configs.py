@@ -99,6 +99,16 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
     ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2), ("fast_dkdv", 256): _c(32, 32, 4, 2),
 }
 
+#: The fast kernels with lesson 09's features, at D=128 (an H100 sweep of the candidates on the
+#: benchmark's workloads, 2026-11-23): dropout's mask needs registers (the dense forward tile,
+#: 128 x 128 with 3 stages, spills and runs 2.3x slower), packed batches of short sequences
+#: prefer small tiles. Where no entry is given the dense choice above stands.
+PREFERRED_WITH: dict[tuple[str, int, str], KernelConfig] = {
+    ("fast_fwd", 128, "dropout"): _c(128, 64, 8, 3), ("fast_dkdv", 128, "dropout"): _c(32, 64, 4, 3),
+    ("fast_fwd", 128, "varlen"): _c(64, 64, 4, 2), ("fast_dq", 128, "varlen"): _c(64, 32, 4, 3),
+    ("fast_dkdv", 128, "varlen"): _c(32, 64, 4, 3), ("fast_dkdv", 128, "window"): _c(64, 128, 8, 2),
+}
+
 #: The lesson kernels with fp32 inputs: fp32 tiles take twice the memory and tf32x3 products
 #: three passes, so smaller tiles win (an H100 sweep: 32 x 64 and 64 x 32 were best at D=128,
 #: 128 x 64 at D=64, where it fits).
@@ -184,26 +194,32 @@ def _shared_memory_of(index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int) -> tuple[KernelConfig, ...]:
+def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int,
+            feature: Optional[str] = None) -> tuple[KernelConfig, ...]:
     """The candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
-    best first (the smallest candidate if none fits: let the compiler have the last word)."""
+    best first (the smallest candidate if none fits: let the compiler have the last word).
+    ``feature``: "dropout", "varlen" or "window" for lesson 09's variants (``PREFERRED_WITH``)."""
     block_d = runtime.head_dim_block(head_dim)
     base = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
-    first = PREFERRED.get((kernel, min(max(block_d, 64), 256)))
+    d_class = min(max(block_d, 64), 256)
+    first = PREFERRED.get((kernel, d_class))
     cands = [first] + [c for c in base if c != first] if first in base else list(base)
+    if (kernel, d_class, feature) in PREFERRED_WITH:
+        first = PREFERRED_WITH[(kernel, d_class, feature)]
+        cands = [first] + [c for c in cands if c != first]
     fits = [c for c in cands if shared_memory_estimate(kernel, c, block_d, elem_bytes) <= limit]
     return tuple(fits or base[-1:])
 
 
 def candidates(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
-               config: Optional[KernelConfig] = None) -> tuple[KernelConfig, ...]:
+               config: Optional[KernelConfig] = None, feature: Optional[str] = None) -> tuple[KernelConfig, ...]:
     """Configs to try, best first: the user's if given, the interpreter's small one on the CPU,
     else those that fit this device's shared memory."""
     if config is not None:
         return (config,)
     if runtime.INTERPRET:
         return (INTERPRETER_FAST_CONFIGS.get(kernel, INTERPRETER_CONFIG),)
-    return fitting(kernel, head_dim, dtype.itemsize, device_shared_memory(device))
+    return fitting(kernel, head_dim, dtype.itemsize, device_shared_memory(device), feature)
 
 
 _chosen: dict = {}

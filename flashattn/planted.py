@@ -296,14 +296,13 @@ _ENTRIES = [
       for k in ("lazy_bwd_preprocess_kernel", "lazy_bwd_dq_kernel", "lazy_bwd_dkdv_kernel")],
     # ---- ablations of the fast kernels (bench.py, notebook 06) -------------------------
     _p("fast.fwd.every_tile_masked", ("flashattn.fast.forward", "fast_fwd_kernel"),
-       [Edit("d_ok, 0, unmasked_end, S_k, qk_scale, False", "d_ok, 0, unmasked_end, S_k, qk_scale, True")],
+       [Edit("threshold, False, CAUSAL, False, DROPOUT", "threshold, True, CAUSAL, False, DROPOUT")],
        "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
     _p("fast.dq.every_tile_masked", ("flashattn.fast.backward", "fast_dq_kernel"),
-       [Edit("d_ok, 0, unmasked_end, S_k, qk_scale, False", "d_ok, 0, unmasked_end, S_k, qk_scale, True")],
+       [Edit("keep_scale, False, CAUSAL, False, DROPOUT", "keep_scale, True, CAUSAL, False, DROPOUT")],
        "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
     _p("fast.dkdv.every_tile_masked", ("flashattn.fast.backward", "fast_dkdv_kernel"),
-       [Edit("offs_n, offs_d, d_ok, first_free, S_q, S_q, qk_scale, scale,\n                             False,",
-             "offs_n, offs_d, d_ok, first_free, S_q, S_q, qk_scale, scale,\n                             True,")],
+       [Edit("False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT", "True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT")],
        "the causal loop split undone: every tile pays for the mask", "flashattn/bench.py"),
 ]
 

@@ -16,18 +16,21 @@ from conftest import DEVICE, ON_GPU, TOL, assert_close_per_head, rand
 SMALL = None if ON_GPU else KernelConfig(16, 16)
 DTYPES = [torch.float16, torch.bfloat16] if ON_GPU else [torch.float32]
 SCALE_UP = 8 if ON_GPU else 1            # GPU: longer sequences
+#: both kernel families take the three features: the lesson's (beyond.kernels) and the tuned ones
+#: (flashattn.fast); in the interpreter the fast ones run with their fixed small tiles
+IMPLS = ["teaching", "fast"]
 
 
 def tol(dtype):
     return {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}[dtype] if ON_GPU else TOL[dtype] * 5
 
 
-def run_and_reference(q, k, v, *, do_layout="contiguous", **kw):
+def run_and_reference(q, k, v, *, do_layout="contiguous", impl="teaching", **kw):
     """``{name: (kernels', oracle's)}`` for O, dQ, dK, dV."""
     do = None
     if do_layout == "stride0":                      # the gradient of o.sum(): every element 1
         do = torch.ones(1, 1, 1, 1, dtype=q.dtype, device=q.device).expand(*q.shape[:3], v.shape[-1])
-    return beyond.kernels_and_reference(q, k, v, do, config=SMALL, **kw)
+    return beyond.kernels_and_reference(q, k, v, do, impl=impl, config=SMALL, **kw)
 
 
 def assert_all_close(pairs, dtype):
@@ -44,16 +47,17 @@ def assert_all_close(pairs, dtype):
 WINDOWS = [((8, 0), False), ((5, 3), False), ((0, 0), False), ((-1, 6), False), ((12, -1), True), ((3, 9), True)]
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("window, causal", WINDOWS)
 @pytest.mark.parametrize("shape", [(1, 2, 2, 37, 37, 16), (2, 4, 2, 33, 50, 32), (1, 2, 1, 50, 23, 16)],
                          ids=["odd", "sq<sk gqa", "sq>sk mqa"])
-def test_window_matches_reference(window, causal, shape):
+def test_window_matches_reference(window, causal, shape, impl):
     B, H, H_kv, S_q, S_k, D = shape
     dtype = DTYPES[0]
     q = rand(B, H, S_q * SCALE_UP, D, dtype=dtype, layout="bshd")
     k = rand(B, H_kv, S_k * SCALE_UP, D, dtype=dtype)
     v = rand(B, H_kv, S_k * SCALE_UP, D, dtype=dtype, layout="sliced")
-    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window), dtype)
+    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window, impl=impl), dtype)
 
 
 def test_causal_is_the_window_minus_one_zero():
@@ -65,10 +69,11 @@ def test_causal_is_the_window_minus_one_zero():
     assert_close_per_head("O", a, c, tol(q.dtype))
 
 
-def test_rows_that_see_no_key_are_zero_with_zero_gradients():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_that_see_no_key_are_zero_with_zero_gradients(impl):
     """S_q > S_k with a narrow window: rows from S_k + left on see no key."""
     q, k, v = rand(1, 2, 40, 16), rand(1, 2, 12, 16), rand(1, 2, 12, 16)
-    pairs = run_and_reference(q, k, v, window=(2, 2))
+    pairs = run_and_reference(q, k, v, window=(2, 2), impl=impl)
     assert_all_close(pairs, q.dtype)
     for name in ("O", "dQ"):
         got = pairs[name][0]
@@ -76,18 +81,20 @@ def test_rows_that_see_no_key_are_zero_with_zero_gradients():
 
 
 @pytest.mark.skipif(ON_GPU, reason="tile sizes are chosen by the GPU's config policy; the CPU test pins them")
-def test_tiles_outside_the_window_are_never_visited():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_tiles_outside_the_window_are_never_visited(impl):
     """NaN in V's first key tile: with window (4, 0), rows 32-63 need keys 28-63 only, so the
-    blocks that own them must not even load that tile (0 * NaN = NaN would show)."""
+    blocks that own them must not even load that tile (0 * NaN = NaN would show). (The fast
+    kernels' interpreter tiles: forward 32 x 16, dK/dV 16 x 32.)"""
     q, k = rand(1, 1, 64, 16), rand(1, 1, 64, 16)
     v = rand(1, 1, 64, 16)
     v[:, :, :16] = float("nan")
-    o = beyond.flash_attention(q, k, v, window=(4, 0), config=KernelConfig(16, 16))
+    o = beyond.flash_attention(q, k, v, window=(4, 0), impl=impl, config=KernelConfig(16, 16))
     assert torch.isfinite(o[:, :, 32:]).all()
     assert not torch.isfinite(o[:, :, :16]).all()            # the tile is read where it is needed
     # the dK/dV kernel: NaN in the last query tile's dO, which keys 0-31 cannot reach
     q, k, v = (t.requires_grad_() for t in (rand(1, 1, 64, 16), rand(1, 1, 64, 16), rand(1, 1, 64, 16)))
-    o = beyond.flash_attention(q, k, v, window=(4, 0), config=KernelConfig(16, 16))
+    o = beyond.flash_attention(q, k, v, window=(4, 0), impl=impl, config=KernelConfig(16, 16))
     do = torch.randn_like(o)
     do[:, :, 48:] = float("nan")
     o.backward(do)
@@ -97,18 +104,32 @@ def test_tiles_outside_the_window_are_never_visited():
 # --------------------------------------------------------------------------------------
 # dropout
 # --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, (6, 6))])
 @pytest.mark.parametrize("p", [0.1, 0.5])
-def test_dropout_gradients_match_the_reference_with_the_same_mask(causal, window, p):
+def test_dropout_gradients_match_the_reference_with_the_same_mask(causal, window, p, impl):
     dtype = DTYPES[0]
     q = rand(2, 2, 35 * SCALE_UP, 16, dtype=dtype)
     k, v = rand(2, 1, 29 * SCALE_UP, 16, dtype=dtype), rand(2, 1, 29 * SCALE_UP, 16, dtype=dtype, layout="bshd")
-    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=1234), dtype)
+    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=1234, impl=impl),
+                     dtype)
 
 
-def test_dropout_with_a_stride_zero_gradient():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dropout_with_a_stride_zero_gradient(impl):
     q, k, v = (rand(1, 2, 33, 16) for _ in range(3))
-    assert_all_close(run_and_reference(q, k, v, dropout_p=0.3, do_layout="stride0"), q.dtype)
+    assert_all_close(run_and_reference(q, k, v, dropout_p=0.3, do_layout="stride0", impl=impl), q.dtype)
+
+
+def test_both_kernel_families_draw_the_same_mask():
+    """The same seed gives the same Z in the lesson kernels and the fast ones, whatever their
+    tiles: the two outputs agree as closely as two dropout-free runs do."""
+    q, k, v = (rand(1, 2, 45, 16, dtype=DTYPES[0]) for _ in range(3))
+    a = beyond.flash_attention(q, k, v, causal=True, dropout_p=0.4, seed=11, impl="teaching", config=SMALL)
+    b = beyond.flash_attention(q, k, v, causal=True, dropout_p=0.4, seed=11, impl="fast")
+    c = beyond.flash_attention(q, k, v, causal=True, dropout_p=0.4, seed=12, impl="fast")
+    assert_close_per_head("O", b, a, tol(q.dtype))
+    assert (b - c).abs().max() > 10 * tol(q.dtype)           # another seed is another mask
 
 
 def test_dropout_is_reproducible_and_seeded():
@@ -167,25 +188,27 @@ VARLEN_CASES = [
 ]
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("lens_q, lens_k, H, H_kv, causal, window, p", VARLEN_CASES)
-def test_varlen_matches_each_sequence_alone(lens_q, lens_k, H, H_kv, causal, window, p):
+def test_varlen_matches_each_sequence_alone(lens_q, lens_k, H, H_kv, causal, window, p, impl):
     dtype = DTYPES[0]
     lens_q, lens_k = [n * SCALE_UP for n in lens_q], [n * SCALE_UP for n in lens_k]
     q, k, v, cu_q, cu_k = packed(lens_q, lens_k, H, H_kv, 16, dtype)
     pairs = run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=99,
-                              varlen=(cu_q, cu_k, max(lens_q), max(lens_k)))
+                              varlen=(cu_q, cu_k, max(lens_q), max(lens_k)), impl=impl)
     o = pairs["O"][0]
     assert o.shape == q.shape and o.is_contiguous()
     assert_all_close(pairs, dtype)
 
 
-def test_varlen_never_attends_across_sequences():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_varlen_never_attends_across_sequences(impl):
     """Changing the second sequence's keys leaves the first sequence's output bit-identical."""
     q, k, v, cu_q, cu_k = packed([19, 21], [19, 21], 2, 2, 16, DTYPES[0])
-    a = beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, 21, 21, config=SMALL)
+    a = beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, 21, 21, impl=impl, config=SMALL)
     k2, v2 = k.clone(), v.clone()
     k2[19:], v2[19:] = 100.0, -100.0
-    b = beyond.flash_attention_varlen(q, k2, v2, cu_q, cu_k, 21, 21, config=SMALL)
+    b = beyond.flash_attention_varlen(q, k2, v2, cu_q, cu_k, 21, 21, impl=impl, config=SMALL)
     assert torch.equal(a[:19], b[:19]) and not torch.equal(a[19:], b[19:])
 
 
@@ -198,6 +221,15 @@ def test_varlen_rejects_bad_cu_seqlens(cu, message):
     good = torch.tensor([0, 10, 20], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=message):
         beyond.flash_attention_varlen(q, k, v, bad, good, 10, 10)
+
+
+def test_varlen_reads_cu_seqlens_again_after_an_in_place_change():
+    """cu_seqlens are read once per tensor (reading waits for the GPU), and again once written to."""
+    q, k, v, cu_q, cu_k = packed([10, 10], [10, 10], 2, 2, 16, DTYPES[0])
+    beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, 10, 10)
+    cu_q[1] = 12                                     # now the first sequence is longer than max_seqlen_q
+    with pytest.raises(ValueError, match="max_seqlen_q must be an int >= the longest sequence \\(12\\)"):
+        beyond.flash_attention_varlen(q, k, v, cu_q, cu_k, 10, 10)
 
 
 def test_varlen_rejects_a_short_max_seqlen_and_mismatched_batches():

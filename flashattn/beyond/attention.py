@@ -1,37 +1,73 @@
 """Lesson 09's entry points: ``flash_attention`` with windows and dropout on ``[B, H, S, D]``
 tensors, and ``flash_attention_varlen`` on packed ``[total, H, D]`` batches (FlashAttention's
-``cu_seqlens`` layout, as ``torch.nn.attention.varlen.varlen_attn`` takes it). Both run the
-kernels of ``kernels.py`` through one ``torch.autograd.Function``.
+``cu_seqlens`` layout, as ``torch.nn.attention.varlen.varlen_attn`` takes it). Both go through one
+``torch.autograd.Function`` to either of two kernel families with the same three switches: the
+lesson's kernels of ``kernels.py`` (``impl="teaching"``, what the CPU interpreter runs) or the
+tuned kernels of ``flashattn.fast`` (``impl="fast"``, what a GPU runs by default). Both draw the
+same dropout mask from the same seed (``flashattn.features.dropout_keep``).
 """
 from __future__ import annotations
 
 import numbers
+import weakref
 from typing import Optional
 
 import torch
 
 from .. import runtime
 from ..configs import KernelConfig
+from ..features import dropout_counters
+from ..fast import fast_attention_backward, fast_attention_forward, supports
 from .kernels import Layout, beyond_backward, beyond_forward, window_bounds
+
+IMPLEMENTATIONS = ("auto", "fast", "teaching")
 
 
 class BeyondAttentionFunction(torch.autograd.Function):
-    """O from q, k, v (4-D views); the backward regenerates P from LSE and Z from the seed."""
+    """O from q, k, v (4-D views); the backward regenerates P from LSE and Z from the seed.
+    ``mask`` = (causal, window_args): the fast kernels take causal apart from a window (they
+    have a cheaper causal path); the lesson kernels take causal folded into the window."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, scale, window_args, dropout_p, seed, config):
-        o, lse = beyond_forward(q, k, v, layout, scale, window_args, dropout_p, seed, config=config)
+    def forward(ctx, q, k, v, layout, scale, mask, dropout_p, seed, impl, config):
+        causal, window_args = mask
+        if impl == "fast":
+            o, lse = fast_attention_forward(q, k, v, causal, scale, layout=layout, window_args=window_args,
+                                            dropout_p=dropout_p, seed=seed)
+        else:
+            o, lse = beyond_forward(q, k, v, layout, scale, window_args, dropout_p, seed, config=config)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (layout, scale, window_args, dropout_p, seed, config)
+        ctx.args = (layout, scale, mask, dropout_p, seed, impl, config)
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        layout, scale, window_args, dropout_p, seed, config = ctx.args
-        dq, dk, dv = beyond_backward(q, k, v, o, do, lse, layout, scale, window_args, dropout_p, seed,
-                                     config=config)
-        return dq, dk, dv, None, None, None, None, None, None
+        layout, scale, (causal, window_args), dropout_p, seed, impl, config = ctx.args
+        if impl == "fast":
+            dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, causal, scale, layout=layout,
+                                                 window_args=window_args, dropout_p=dropout_p, seed=seed)
+        else:
+            dq, dk, dv = beyond_backward(q, k, v, o, do, lse, layout, scale, window_args, dropout_p, seed,
+                                         config=config)
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _kernels(dtype: torch.dtype, head_dim: int, impl: str, window, causal: bool, S_q: int, S_k: int):
+    """(impl, mask) for ``BeyondAttentionFunction``: which family runs, and how it takes the mask."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    ok, why = supports(dtype, head_dim)
+    if impl == "auto":
+        impl = "fast" if ok and not runtime.INTERPRET else "teaching"
+    elif impl == "fast" and not ok:
+        raise ValueError(why)
+    window_args = window_bounds(window, causal, S_q, S_k)
+    if impl == "teaching":
+        return impl, (False, window_args)            # causal is the window (-1, 0)
+    if window is None:
+        return impl, (causal, (False, 0, 0))         # plain (or causal) attention: the fast causal path
+    return impl, (False, window_args)                # a window, causal folded into its right side
 
 
 def validate_window(window) -> Optional[tuple[int, int]]:
@@ -53,9 +89,9 @@ def validate_dropout(dropout_p, seed, S_q: int, S_k: int) -> tuple[float, int]:
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if dropout_p > 0 and S_q * S_k > 2 ** 32:
-        raise ValueError(f"dropout counts elements of one head with 32 bits: S_q * S_k must be at most "
-                         f"2**32, got {S_q} * {S_k}")
+    if dropout_p > 0 and dropout_counters(S_q, S_k) > 2 ** 32:
+        raise ValueError(f"dropout counts one head's groups of 8 elements with 32 bits: S_q * ceil(S_k / 8) "
+                         f"must be at most 2**32, got {S_q} * ceil({S_k} / 8)")
     if seed is None:
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_p > 0 else 0
     elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 31:
@@ -70,7 +106,8 @@ def _in_kernel_dtype(q, k, v):
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: Optional[float] = None, window=None, dropout_p: float = 0.0,
-                    seed: Optional[int] = None, config: Optional[KernelConfig] = None) -> torch.Tensor:
+                    seed: Optional[int] = None, impl: str = "auto",
+                    config: Optional[KernelConfig] = None) -> torch.Tensor:
     """``flashattn.flash_attention`` plus a sliding window and dropout.
 
     q ``[B, H, S_q, D]``, k and v ``[B, H_kv, S_k, D]``, any strides. ``window=(left, right)``:
@@ -78,7 +115,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     ``causal``, which is the window (-1, 0) and narrows any window's right side to 0. (FlashAttention
     aligns windows bottom-right when S_q != S_k; for S_q == S_k the two agree.) A row that sees no
     key gets O = 0. ``dropout_p``: each attention weight is dropped with probability p and the rest
-    scaled by 1 / (1 - p), the mask drawn from ``seed`` (default: from torch's generator).
+    scaled by 1 / (1 - p), the mask drawn from ``seed`` (default: from torch's generator); p is
+    rounded to a multiple of 1/65536 (each element's draw is 16 bits).
+    ``impl``: "teaching" (lesson 09's kernels), "fast" (the tuned ones), "auto" (fast on a GPU).
     """
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.validate_causal(causal)
@@ -87,9 +126,27 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     dropout_p, seed = validate_dropout(dropout_p, seed, q.shape[2], k.shape[2])
     layout = Layout(q, k)
     q_, k_, v_ = _in_kernel_dtype(q, k, v)
-    o = BeyondAttentionFunction.apply(q_, k_, v_, layout, scale,
-                                      window_bounds(window, causal, layout.S_q, layout.S_k), dropout_p, seed, config)
+    impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, layout.S_q, layout.S_k)
+    o = BeyondAttentionFunction.apply(q_, k_, v_, layout, scale, mask, dropout_p, seed, impl, config)
     return o.to(q.dtype)
+
+
+#: cu_seqlens already read: id -> (weak reference, version, offsets). Reading a GPU tensor's
+#: values waits for the GPU (~0.1-0.2 ms that a training step would pay per attention layer);
+#: a model passes the same cu_seqlens to every layer, so each is read once while it is alive
+#: and unchanged (an in-place write bumps ``_version``).
+_offsets_read: dict = {}
+
+
+def _offsets(cu: torch.Tensor) -> list[int]:
+    entry = _offsets_read.get(id(cu))
+    if entry is not None and entry[0]() is cu and entry[1] == cu._version:
+        return entry[2]
+    offsets = [int(x) for x in cu.tolist()]
+    if len(_offsets_read) >= 64:
+        _offsets_read.clear()
+    _offsets_read[id(cu)] = (weakref.ref(cu), cu._version, offsets)
+    return offsets
 
 
 def validate_cu_seqlens(cu, name: str, total: int, device) -> tuple[torch.Tensor, list[int]]:
@@ -99,7 +156,7 @@ def validate_cu_seqlens(cu, name: str, total: int, device) -> tuple[torch.Tensor
         raise TypeError(f"{name} must be a 1-D int32 tensor [n_sequences + 1], got {got}")
     if cu.numel() < 2:
         raise ValueError(f"{name} must hold at least two offsets (one sequence), got {cu.tolist()}")
-    offsets = [int(x) for x in cu.tolist()]
+    offsets = _offsets(cu)
     if offsets[0] != 0:
         raise ValueError(f"{name} must start at 0, got {offsets[0]} ({name}={offsets})")
     if any(b < a for a, b in zip(offsets, offsets[1:])):
@@ -113,12 +170,13 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                            scale: Optional[float] = None, window=None, dropout_p: float = 0.0,
-                           seed: Optional[int] = None, config: Optional[KernelConfig] = None) -> torch.Tensor:
+                           seed: Optional[int] = None, impl: str = "auto",
+                           config: Optional[KernelConfig] = None) -> torch.Tensor:
     """Attention over a packed batch: q ``[total_q, H, D]``, k and v ``[total_k, H_kv, D]``;
     sequence b holds rows ``cu_seqlens_q[b]:cu_seqlens_q[b+1]`` of q and the matching rows of k, v,
     and attends only inside itself. ``max_seqlen_*``: the longest sequence (it sizes the grid).
-    ``causal``, ``window``, ``dropout_p`` as in :func:`flash_attention`, in positions inside each
-    sequence. Returns O ``[total_q, H, D]``."""
+    ``causal``, ``window``, ``dropout_p``, ``impl`` as in :func:`flash_attention`, in positions
+    inside each sequence. Returns O ``[total_q, H, D]``."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
             got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
@@ -138,6 +196,45 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dropout_p, seed = validate_dropout(dropout_p, seed, max(lens_q), max(lens_k))
     q_, k_, v_ = _in_kernel_dtype(q4, k4, v4)
     layout = Layout(q_, k_, cu_q, cu_k, max(max(lens_q), 1), max(max(lens_k), 1))
-    o = BeyondAttentionFunction.apply(q_, k_, v_, layout, scale,
-                                      window_bounds(window, causal, layout.S_q, layout.S_k), dropout_p, seed, config)
+    impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, layout.S_q, layout.S_k)
+    o = BeyondAttentionFunction.apply(q_, k_, v_, layout, scale, mask, dropout_p, seed, impl, config)
     return o[0].permute(1, 0, 2).to(q.dtype)
+
+
+def precompile(dtypes, head_dims, variants=None, workers: Optional[int] = None) -> float:
+    """Compile the fast kernels for lesson 09's features in parallel threads before first use
+    (as ``flashattn.fast.precompile`` does for plain attention); returns seconds spent.
+    ``variants``: (causal, windowed, varlen, dropout) tuples, default every combination (a
+    window takes causal folded in, so (True, True, ...) is not a separate kernel)."""
+    import itertools
+    import os
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import triton
+
+    from ..fast.tuning import ArgSpec
+
+    if runtime.INTERPRET:
+        return 0.0
+    if variants is None:
+        variants = [(c, w, vl, dr) for c, w, vl, dr in itertools.product((False, True), repeat=4)
+                    if not (c and w) and (w or vl or dr)]
+    device = torch.device("cuda")
+    t0 = time.perf_counter()
+    with triton.AsyncCompileMode(ThreadPoolExecutor(workers or os.cpu_count() or 4)):
+        for dtype, D, (causal, windowed, varlen, dropout) in itertools.product(dtypes, head_dims, variants):
+            H, T = 2, 128
+            if varlen:     # [1, H, total, D] views of packed [total, H, D] tensors
+                q, k, v, o, do = (ArgSpec((1, H, T, D), dtype, device, stride=(T * H * D, D, H * D, 1))
+                                  for _ in range(5))
+                cu = torch.zeros(2, dtype=torch.int32, device=device)
+                layout = Layout(q, k, cu, cu, T, T)
+            else:
+                q, k, v, o, do = (ArgSpec((1, H, T, D), dtype, device) for _ in range(5))
+                layout = Layout(q, k)
+            lse = ArgSpec((1, H, T), torch.float32, device)
+            kw = dict(layout=layout, window_args=(windowed, 16, 0), dropout_p=0.1 if dropout else 0.0, seed=1)
+            fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True, **kw)
+            fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5, warmup=True, **kw)
+    return time.perf_counter() - t0

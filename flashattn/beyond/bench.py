@@ -4,13 +4,13 @@
     python -m flashattn.beyond.bench --quick    # tiny sizes: runs anywhere, the CPU included
 
 * window:  one 16k sequence, causal, each query sees the 4096 keys before it (window (4096, 0)):
-  flashattn.beyond, FlexAttention with a sliding-window block mask (compiled), torch's
+  flashattn's fast kernels and lesson 09's kernels, FlexAttention with a sliding-window block mask (compiled), torch's
   ``varlen_attn`` with ``window_size`` (where torch has it), and SDPA's flash backend on the full
   causal problem (what the window saves).
-* varlen:  16 causal sequences of mixed lengths, 16k tokens packed: flashattn.beyond,
+* varlen:  16 causal sequences of mixed lengths, 16k tokens packed: flashattn (fast, lesson),
   ``varlen_attn``, FlexAttention with a document mask.
-* dropout: B=4, S=4096, causal, dropout 0.1 against none, for flashattn.beyond and SDPA's flash
-  backend: what regenerating the mask costs.
+* dropout: B=4, S=4096, causal, dropout 0.1 against none, for flashattn (fast, lesson) and SDPA's
+  flash backend: what regenerating the mask costs.
 
 H=16, D=128. Times are medians of ``triton.testing.do_bench``; FLOPs count the visible (query,
 key) pairs: 4 * D per pair forward, 2.5 times that backward (the anchors' convention, whose
@@ -30,9 +30,11 @@ import torch.nn.functional as F
 
 from .. import runtime
 from ..bench import DTYPES, environment, median_ms
-from .attention import flash_attention, flash_attention_varlen
+from .attention import flash_attention, flash_attention_varlen, precompile
 
 WINDOW = 4096
+#: provider name -> ``impl`` of lesson 09's entry points
+OURS = {"flashattn fast": "fast", "flashattn lesson kernels": "teaching"}
 
 
 def _flex(mask_mod, S, device):
@@ -85,8 +87,8 @@ def window_workload(S, H, D, dtype, dtype_name, device, rep_ms, window=WINDOW) -
     q, k, v = (torch.randn(1, H, S, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     pairs = sum(min(i, window) + 1 for i in range(S))
-    results = {"flashattn.beyond": (_time(lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window, 0)),
-                                          (q, k, v), do, rep_ms), pairs)}
+    results = {name: (_time(lambda q, k, v: flash_attention(q, k, v, causal=True, window=(window, 0), impl=impl),
+                            (q, k, v), do, rep_ms), pairs) for name, impl in OURS.items()}
     if device.type == "cuda":
         flex = _flex(lambda b, h, i, j: (j <= i) & (i - j <= window), S, device)
         if flex is not None:
@@ -120,9 +122,9 @@ def varlen_workload(total, n, H, D, dtype, dtype_name, device, rep_ms) -> list[d
     do = torch.randn_like(q)
     longest = max(lens)
     pairs = sum(s * (s + 1) // 2 for s in lens)
-    results = {"flashattn.beyond": (_time(
-        lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal=True), (q, k, v), do, rep_ms),
-        pairs)}
+    results = {name: (_time(
+        lambda q, k, v: flash_attention_varlen(q, k, v, cu, cu, longest, longest, causal=True, impl=impl),
+        (q, k, v), do, rep_ms), pairs) for name, impl in OURS.items()}
     if device.type == "cuda":
         varlen = _varlen_attn()
         if varlen is not None:
@@ -143,9 +145,11 @@ def dropout_workload(B, S, H, D, dtype, dtype_name, device, rep_ms, p=0.1) -> li
     do = torch.randn_like(q)
     pairs = B * S * (S + 1) // 2
     results = {}
-    for prob in (0.0, p):
-        results[f"flashattn.beyond, dropout {prob}"] = (_time(
-            lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=prob), (q, k, v), do, rep_ms), pairs)
+    for name, impl in OURS.items():
+        for prob in (0.0, p):
+            results[f"{name}, dropout {prob}"] = (_time(
+                lambda q, k, v: flash_attention(q, k, v, causal=True, dropout_p=prob, impl=impl), (q, k, v), do,
+                rep_ms), pairs)
     if device.type == "cuda":
         for prob in (0.0, p):
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
@@ -156,12 +160,12 @@ def dropout_workload(B, S, H, D, dtype, dtype_name, device, rep_ms, p=0.1) -> li
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'workload':<28} {'dtype':<9} {'provider':<32} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>9} {'bwd TF/s':>9}"]
+    lines = [f"{'workload':<28} {'dtype':<9} {'provider':<38} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>9} {'bwd TF/s':>9}"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['workload']:<28} {r['dtype']:<9} {r['provider']:<32} {r['error']}")
+            lines.append(f"{r['workload']:<28} {r['dtype']:<9} {r['provider']:<38} {r['error']}")
             continue
-        lines.append(f"{r['workload']:<28} {r['dtype']:<9} {r['provider']:<32} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} "
+        lines.append(f"{r['workload']:<28} {r['dtype']:<9} {r['provider']:<38} {r['fwd_ms']:8.3f} {r['bwd_ms']:8.3f} "
                      f"{r['fwd_tflops']:9.1f} {r['bwd_tflops']:9.1f}")
     return "\n".join(lines)
 
@@ -180,6 +184,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     S, total, B, H, D = (256, 256, 1, 2, 32) if small else (16384, 16384, 4, 16, 128)
     window = 64 if small else WINDOW
     dtypes = ["fp32"] if device.type != "cuda" else args.dtypes
+    variants = [(False, True, False, False), (True, False, True, False), (True, False, False, True)]
+    seconds = precompile([DTYPES[name] for name in dtypes], [D], variants)   # in parallel, before any timing
+    if seconds:
+        print(f"compiled the fast kernels' variants in {seconds:.0f} s", flush=True)
     rows = []
     for name in dtypes:
         dtype = DTYPES[name]

@@ -5,8 +5,9 @@ that real training needs, each a constexpr switch that compiles away when it is 
   Causal attention is the window (inf, 0), so this family has no separate causal flag. Each
   program loops only over the tiles that the window can reach; boundary tiles are masked.
 * **Dropout** (``DROPOUT``): ``O = (P * Z / (1 - p)) V`` with a random keep-mask Z that is never
-  stored. Philox, keyed by (seed, sequence, head) and counted by ``i * S_k + j``, gives the same Z
-  in the forward and in both backward kernels, so the backward *recomputes* it, as it recomputes P.
+  stored. Philox, keyed by (seed, sequence, head) and counted by (i, j // 8), gives the same Z
+  in the forward and in both backward kernels, so the backward *recomputes* it, as it recomputes P
+  (``flashattn.features.dropout_keep``, shared with the fast kernels).
 * **Packed variable-length batches** (``VARLEN``): the sequences lie one after another in one
   tensor; ``CU_SEQLENS_Q[b]`` is where sequence b starts (``cu_seqlens`` of FlashAttention). A
   program finds its sequence's start and length and works in positions inside that sequence, so no
@@ -27,20 +28,12 @@ import triton.language as tl
 from .. import configs, runtime
 from ..backward import attention_backward_delta
 from ..configs import KernelConfig
+from ..features import dropout_keep, dropout_threshold, sequence_bounds, visible_in_window
 
 
 # --------------------------------------------------------------------------------------
 # 0. what every kernel shares: where a sequence lies, which (i, j) exist, which survive dropout
 # --------------------------------------------------------------------------------------
-@triton.jit
-def sequence_bounds(CU_SEQLENS, b, S, VARLEN: tl.constexpr):
-    """(first row of sequence b in the tensor, its length). Dense batches: (0, S)."""
-    if VARLEN:
-        start = tl.load(CU_SEQLENS + b)
-        return start, tl.load(CU_SEQLENS + b + 1) - start
-    return tl.full([], 0, tl.int32), S
-
-
 @triton.jit
 def rows_of(T, b, h, first_row, stride_b, stride_h, stride_s):
     """Pointer to row ``first_row`` of (batch entry b, head h) of tensor T, with T's own
@@ -65,25 +58,6 @@ def tiles_in_reach(pid, S_own, S_other, BEFORE, AFTER, WINDOW: tl.constexpr,
     return start, end
 
 
-@triton.jit
-def visible_in_window(rows, cols, S_q, S_k, LEFT, RIGHT, WINDOW: tl.constexpr):
-    """True where query ``rows`` may see key ``cols`` (positions inside the sequence; the two
-    index tensors broadcast to the tile's shape)."""
-    visible = (rows < S_q) & (cols < S_k)
-    if WINDOW:
-        visible = visible & (cols >= rows - LEFT) & (cols <= rows + RIGHT)
-    return visible
-
-
-@triton.jit
-def dropout_keep(seed, seq_head, rows, cols, S_k, dropout_p):
-    """Z: True where element (i, j) of this (sequence, head) survives dropout. One Philox draw
-    per element: key = (seed, seq_head), counter = i * S_k + j. Nothing is stored: whoever needs
-    Z calls this again with the same arguments and gets the same bits."""
-    key = seed + seq_head.to(tl.int64) * 4294967296          # seq_head in Philox's high key word
-    return tl.rand(key, rows * S_k + cols) >= dropout_p
-
-
 # --------------------------------------------------------------------------------------
 # 1. forward: O and LSE
 # --------------------------------------------------------------------------------------
@@ -95,7 +69,7 @@ def beyond_fwd_kernel(
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
     stride_o_b, stride_o_h, stride_o_s, stride_o_d,
     stride_lse_b, stride_lse_h, stride_lse_s,
-    H, GROUP_SIZE, S_q, S_k, HEAD_DIM, scale, LEFT, RIGHT, dropout_p, seed,
+    H, GROUP_SIZE, S_q, S_k, HEAD_DIM, scale, LEFT, RIGHT, dropout_p, threshold, seed,
     WINDOW: tl.constexpr, DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -148,7 +122,7 @@ def beyond_fwd_kernel(
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)            # the softmax sums all of P ...
         if DROPOUT:                                      # ... O sees only the kept part, rescaled
-            keep = dropout_keep(seed, pid_bh, offs_m[:, None], offs_n[None, :], S_k, dropout_p)
+            keep = dropout_keep(seed, pid_bh, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -179,6 +153,15 @@ class Layout:
     def strides(self, t: torch.Tensor) -> tuple:
         """A tensor's strides as the kernels take them; a packed tensor's batch stride is 0."""
         return (0, *t.stride()[1:]) if self.varlen else tuple(t.stride())
+
+    def spec(self, shape: tuple, dtype: torch.dtype, device):
+        """What ``new`` would return, as a ``fast.tuning.ArgSpec`` (warm-ups allocate nothing)."""
+        from ..fast.tuning import ArgSpec
+
+        if not self.varlen or len(shape) == 3:
+            return ArgSpec(shape, dtype, device)
+        B, H, T, D = shape
+        return ArgSpec(shape, dtype, device, stride=(T * H * D, D, H * D, 1))
 
     def new(self, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
         """An output with the 4-D (or, for LSE, 3-D) view ``shape``. Packed: stored as the user
@@ -217,7 +200,8 @@ def beyond_forward(q, k, v, layout: Layout, scale: float, window_args: tuple, dr
         beyond_fwd_kernel[grid](
             q, k, v, o, lse, layout.cu_q, layout.cu_k,
             *layout.strides(q), *layout.strides(k), *layout.strides(v), *layout.strides(o), *layout.strides(lse),
-            H, H // H_kv, layout.S_q, layout.S_k, D, scale, left, right, dropout_p, seed,
+            H, H // H_kv, layout.S_q, layout.S_k, D, scale, left, right,
+            dropout_p, dropout_threshold(dropout_p), seed,
             WINDOW=windowed, DROPOUT=dropout_p > 0, VARLEN=layout.varlen,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
             DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options())
@@ -239,7 +223,7 @@ def beyond_dq_kernel(
     stride_lse_b, stride_lse_h, stride_lse_s,
     stride_delta_b, stride_delta_h, stride_delta_s,
     stride_dq_b, stride_dq_h, stride_dq_s, stride_dq_d,
-    H, GROUP_SIZE, S_q, S_k, HEAD_DIM, scale, LEFT, RIGHT, dropout_p, seed,
+    H, GROUP_SIZE, S_q, S_k, HEAD_DIM, scale, LEFT, RIGHT, dropout_p, threshold, seed,
     WINDOW: tl.constexpr, DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -285,7 +269,7 @@ def beyond_dq_kernel(
 
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if DROPOUT:     # O used P * Z / (1 - p), so dP = (dO V^T) * Z / (1 - p): Z regenerated
-            keep = dropout_keep(seed, pid_bh, offs_m[:, None], offs_n[None, :], S_k, dropout_p)
+            keep = dropout_keep(seed, pid_bh, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
@@ -309,7 +293,7 @@ def beyond_dkdv_kernel(
     stride_delta_b, stride_delta_h, stride_delta_s,
     stride_dk_b, stride_dk_h, stride_dk_s, stride_dk_d,
     stride_dv_b, stride_dv_h, stride_dv_s, stride_dv_d,
-    H_KV, GROUP_SIZE, S_q, S_k, HEAD_DIM, scale, LEFT, RIGHT, dropout_p, seed,
+    H_KV, GROUP_SIZE, S_q, S_k, HEAD_DIM, scale, LEFT, RIGHT, dropout_p, threshold, seed,
     WINDOW: tl.constexpr, DROPOUT: tl.constexpr, VARLEN: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -361,8 +345,9 @@ def beyond_dkdv_kernel(
             pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             pT_kept = pT
-            if DROPOUT:  # the same Z as the forward: same key, same counter i * S_k + j
-                keepT = dropout_keep(seed, seq_head, offs_m[None, :], offs_n[:, None], S_k, dropout_p)
+            if DROPOUT:  # the same Z as the forward (same key, same counters), transposed
+                keepT = tl.trans(dropout_keep(seed, seq_head, offs_m, pid_n * BLOCK_N, S_k, threshold,
+                                              BLOCK_M, BLOCK_N))
                 pT_kept = tl.where(keepT, pT / (1.0 - dropout_p), 0.0)
                 dpT = tl.where(keepT, dpT / (1.0 - dropout_p), 0.0)
             dv += tl.dot(pT_kept.to(do.dtype), do, input_precision=DOT_PRECISION)   # dV += (P Z/(1-p))^T dO
@@ -393,14 +378,15 @@ def beyond_backward(q, k, v, o, do, lse, layout: Layout, scale: float, window_ar
     def run_dq(cfg: KernelConfig) -> None:
         beyond_dq_kernel[(triton.cdiv(layout.S_q, cfg.BLOCK_M), layout.batches * H)](
             q, k, v, do, lse, delta, dq, layout.cu_q, layout.cu_k, *[x for st in strides for x in st],
-            *layout.strides(dq), H, H // H_kv, layout.S_q, layout.S_k, D, scale, left, right, dropout_p, seed,
+            *layout.strides(dq), H, H // H_kv, layout.S_q, layout.S_k, D, scale, left, right,
+            dropout_p, dropout_threshold(dropout_p), seed,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, **common, **cfg.launch_options())
 
     def run_dkdv(cfg: KernelConfig) -> None:
         beyond_dkdv_kernel[(triton.cdiv(layout.S_k, cfg.BLOCK_N), layout.batches * H_kv)](
             q, k, v, do, lse, delta, dk, dv, layout.cu_q, layout.cu_k, *[x for st in strides for x in st],
             *layout.strides(dk), *layout.strides(dv), H_kv, H // H_kv, layout.S_q, layout.S_k, D, scale,
-            left, right, dropout_p, seed,
+            left, right, dropout_p, dropout_threshold(dropout_p), seed,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, **common, **cfg.launch_options())
 
     configs.launch(("beyond_dq", D, q.dtype, q.device), configs.candidates("dq", D, q.dtype, q.device, config), run_dq)
@@ -413,12 +399,13 @@ def beyond_backward(q, k, v, o, do, lse, layout: Layout, scale: float, window_ar
 # 4. the keep-mask Z itself, for tests and figures only (the kernels above never store it)
 # --------------------------------------------------------------------------------------
 @triton.jit
-def dropout_mask_kernel(KEEP, S_q, S_k, first_seq_head, dropout_p, seed,
+def dropout_mask_kernel(KEEP, S_q, S_k, first_seq_head, threshold, seed,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m, pid_n, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M))[:, None]
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = offs_m[:, None]
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
-    keep = dropout_keep(seed, first_seq_head + head, rows, cols, S_k, dropout_p)
+    keep = dropout_keep(seed, first_seq_head + head, offs_m, pid_n * BLOCK_N, S_k, threshold, BLOCK_M, BLOCK_N)
     tl.store(KEEP + head.to(tl.int64) * S_q * S_k + rows * S_k + cols, keep.to(tl.int8),
              mask=(rows < S_q) & (cols < S_k))
 
@@ -429,5 +416,6 @@ def dropout_mask(seed: int, heads: int, S_q: int, S_k: int, dropout_p: float, de
     ``first_seq_head ...`` (``b * H + h``; for a packed batch, sequence b)."""
     keep = torch.empty((heads, S_q, S_k), dtype=torch.int8, device=device)
     grid = (triton.cdiv(S_q, 32), triton.cdiv(S_k, 32), heads)
-    dropout_mask_kernel[grid](keep, S_q, S_k, first_seq_head, float(dropout_p), int(seed), BLOCK_M=32, BLOCK_N=32)
+    dropout_mask_kernel[grid](keep, S_q, S_k, first_seq_head, dropout_threshold(dropout_p), int(seed),
+                              BLOCK_M=32, BLOCK_N=32)
     return keep.bool()

@@ -72,16 +72,17 @@ def packed_mask(cu_seqlens_q, cu_seqlens_k, causal: bool = False, window=None) -
 
 
 def kernels_and_reference(q, k, v, do=None, *, causal: bool = False, window=None, dropout_p: float = 0.0,
-                          seed: int = 7, varlen=None, config=None) -> dict:
+                          seed: int = 7, varlen=None, impl: str = "auto", config=None) -> dict:
     """Run the kernels and the float64 oracle on the same inputs (and the same dropout mask) and
     return ``{name: (kernels', oracle's)}`` for O, dQ, dK, dV, shaped as the inputs.
 
     ``varlen``: ``(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)`` for packed
-    ``[total, H, D]`` inputs. ``do``: the gradient of O (default: random)."""
+    ``[total, H, D]`` inputs. ``do``: the gradient of O (default: random). ``impl``: which
+    kernels ("teaching", "fast", "auto"; see ``flash_attention``)."""
     from .attention import flash_attention, flash_attention_varlen
 
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    kw = dict(causal=causal, window=window, dropout_p=dropout_p, seed=seed, config=config)
+    kw = dict(causal=causal, window=window, dropout_p=dropout_p, seed=seed, impl=impl, config=config)
     o = flash_attention_varlen(q, k, v, *varlen, **kw) if varlen else flash_attention(q, k, v, **kw)
     do = torch.randn_like(o) if do is None else do
     o.backward(do)

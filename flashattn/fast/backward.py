@@ -5,6 +5,8 @@ atomics), with the fast forward's tricks: exp2 with log2(e) folded into the scal
 LSE, loops split into unmasked tiles and the few masked ones on the causal diagonal, padded
 query rows neutralised by loading their LSE as +inf (so P = exp2(S - inf) = 0 with no mask),
 and autotuned tiles. The delta preprocess is the lesson's: a single memory-bound pass.
+Lesson 09's ``WINDOW``, ``VARLEN`` and ``DROPOUT`` switches work as in the forward (each kernel
+regenerates the dropout mask it needs; dV's 1 / (1 - p) is applied once, to the sum).
 
 ``FUSED_DQ`` turns the dK/dV kernel into the *fused* backward: while a program walks down the
 query blocks for its key block it also forms that tile's share of dQ, dS K, and adds it into
@@ -23,7 +25,8 @@ import triton.language as tl
 from .. import runtime
 from ..backward import attention_backward_delta
 from . import tuning
-from .forward import load_tile, store_tile
+from ..features import dropout_keep, dropout_threshold, sequence_bounds
+from .forward import load_tile, store_tile, window_tiles
 from .tuning import LOG2E
 
 
@@ -32,9 +35,9 @@ from .tuning import LOG2E
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-              offs_m, offs_d, d_ok, lo, hi, S_k, qk_scale,
-              MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-              PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              offs_m, offs_d, d_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+              MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DROPOUT: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = offs_n < S_k
@@ -45,31 +48,39 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, st
             visible = keys[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            if WINDOW:
+                visible = visible & (offs_n[None, :] >= offs_m[:, None] - LEFT) & (offs_n[None, :] <= offs_m[:, None] + RIGHT)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if DROPOUT:   # O used P * Z / (1 - p): dP = (dO V^T) * Z / (1 - p), Z regenerated
+            keep = dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
+            dp = tl.where(keep, dp * keep_scale, 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
     return dq
 
 
-@triton.jit(do_not_specialize=["S_q", "S_k", "S_BUCKET"])
+@triton.jit(do_not_specialize=["S_q", "S_k", "S_BUCKET", "LEFT", "RIGHT", "threshold", "seed"])
 def fast_dq_kernel(
-    Q, K, V, DO, LSE, DELTA, DQ,
+    Q, K, V, DO, LSE, DELTA, DQ, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_q_b, stride_q_h, stride_q_s, stride_q_d,
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
     stride_do_b, stride_do_h, stride_do_s, stride_do_d,
     stride_lse_b, stride_lse_h, stride_delta_b, stride_delta_h,
     stride_dq_b, stride_dq_h, stride_dq_s,
-    H, GROUP_SIZE, S_q, S_k, scale, S_BUCKET,
+    H, GROUP_SIZE, S_q, S_k, scale, S_BUCKET, LEFT, RIGHT, dropout_p, threshold, seed,
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     h_kv = h // GROUP_SIZE
+    q_start, S_q = sequence_bounds(CU_SEQLENS_Q, b, S_q, VARLEN)
+    k_start, S_k = sequence_bounds(CU_SEQLENS_K, b, S_k, VARLEN)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -80,30 +91,53 @@ def fast_dq_kernel(
     do_base = DO + b.to(tl.int64) * stride_do_b + h.to(tl.int64) * stride_do_h
     k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
     v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+    lse_ptrs = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h + offs_m
+    delta_ptrs = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h + offs_m
+    dq_base = DQ + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h
+    if VARLEN:   # batch strides are 0: move to the sequence's first rows
+        q_base += q_start.to(tl.int64) * stride_q_s
+        do_base += q_start.to(tl.int64) * stride_do_s
+        k_base += k_start.to(tl.int64) * stride_k_s
+        v_base += k_start.to(tl.int64) * stride_v_s
+        lse_ptrs += q_start
+        delta_ptrs += q_start
+        dq_base += q_start.to(tl.int64) * stride_dq_s
     q = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok, True, PAD_D)
     do = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok, True, PAD_D)
-    lse_ptrs = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h + offs_m
     lse2 = tl.load(lse_ptrs, mask=row_ok, other=float("inf")) * LOG2E   # log2 units
-    delta_ptrs = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h + offs_m
     delta = tl.load(delta_ptrs, mask=row_ok, other=0.0)
     qk_scale = scale * LOG2E
+    keep_scale = 1.0 / (1.0 - dropout_p)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if CAUSAL:
-        free_end = tl.minimum(start_m, S_k)
-        masked_end = tl.minimum(start_m + BLOCK_M, S_k)
+    if WINDOW:   # the forward's three ranges: masked left edge, whole tiles, masked right edge
+        lo, free_lo, free_hi, hi = window_tiles(start_m, S_q, S_k, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                       offs_m, offs_d, d_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+                       keep_scale, True, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                       offs_m, offs_d, d_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+                       keep_scale, False, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
+        unmasked_end = free_hi
+        masked_end = hi
     else:
-        free_end = S_k
-        masked_end = S_k
-    unmasked_end = (free_end // BLOCK_N) * BLOCK_N
+        if CAUSAL:
+            free_end = tl.minimum(start_m, S_k)
+            masked_end = tl.minimum(start_m + BLOCK_M, S_k)
+        else:
+            free_end = S_k
+            masked_end = S_k
+        if VARLEN:   # a block past the end of its (shorter) sequence has nothing to do
+            free_end = tl.where(start_m < S_q, free_end, 0)
+            masked_end = tl.where(start_m < S_q, masked_end, 0)
+        unmasked_end = (free_end // BLOCK_N) * BLOCK_N
+        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+                       offs_m, offs_d, d_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+                       keep_scale, False, CAUSAL, False, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                   offs_m, offs_d, d_ok, 0, unmasked_end, S_k, qk_scale, False, CAUSAL, BLOCK_N,
-                   PAD_D, DOT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                   offs_m, offs_d, d_ok, unmasked_end, masked_end, S_k, qk_scale, True, CAUSAL, BLOCK_N,
-                   PAD_D, DOT_PRECISION)
+                   offs_m, offs_d, d_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
+                   threshold, keep_scale, True, CAUSAL, WINDOW, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
 
-    dq_base = DQ + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h
     store_tile(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
                row_ok, d_ok, PAD_D)
 
@@ -115,8 +149,10 @@ def fast_dq_kernel(
 def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                 offs_n, offs_d, d_ok, lo, hi, S_q, qk_scale, scale,
+                start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
@@ -127,9 +163,19 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
-            pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
-        dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+            if WINDOW:   # key j is seen by rows j - RIGHT ... j + LEFT
+                pT = tl.where((offs_m[None, :] >= offs_n[:, None] - RIGHT) & (offs_m[None, :] <= offs_n[:, None] + LEFT),
+                              pT, 0.0)
+            else:
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
+        if DROPOUT:   # the forward's Z, transposed; dV's 1 / (1 - p) is applied once, at the end
+            keepT = tl.trans(dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N))
+            dv += tl.dot(tl.where(keepT, pT, 0.0).to(do.dtype), do, input_precision=DOT_PRECISION)
+        else:
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if DROPOUT:
+            dpT = tl.where(keepT, dpT * keep_scale, 0.0)
         dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
         dk += tl.dot(dsT, q, input_precision=DOT_PRECISION)
         if FUSED_DQ:   # this tile's share of dQ = dS K * scale, added into the fp32 buffer
@@ -139,9 +185,9 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["S_q", "S_k", "S_BUCKET"])
+@triton.jit(do_not_specialize=["S_q", "S_k", "S_BUCKET", "LEFT", "RIGHT", "threshold", "seed"])
 def fast_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC,
+    Q, K, V, DO, LSE, DELTA, DK, DV, DQ_ACC, CU_SEQLENS_Q, CU_SEQLENS_K,
     stride_q_b, stride_q_h, stride_q_s, stride_q_d,
     stride_k_b, stride_k_h, stride_k_s, stride_k_d,
     stride_v_b, stride_v_h, stride_v_s, stride_v_d,
@@ -150,14 +196,17 @@ def fast_dkdv_kernel(
     stride_dk_b, stride_dk_h, stride_dk_s,
     stride_dv_b, stride_dv_h, stride_dv_s,
     stride_dq_b, stride_dq_h, stride_dq_s,
-    H_KV, GROUP_SIZE, S_q, S_k, scale, S_BUCKET,
+    H_KV, GROUP_SIZE, S_q, S_k, scale, S_BUCKET, LEFT, RIGHT, dropout_p, threshold, seed,
     CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H_KV
     h_kv = pid_bh % H_KV
+    q_start, S_q = sequence_bounds(CU_SEQLENS_Q, b, S_q, VARLEN)
+    k_start, S_k = sequence_bounds(CU_SEQLENS_K, b, S_k, VARLEN)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -165,11 +214,22 @@ def fast_dkdv_kernel(
     col_ok = offs_n < S_k
     k_base = K + b.to(tl.int64) * stride_k_b + h_kv.to(tl.int64) * stride_k_h
     v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h
+    dk_base = DK + b.to(tl.int64) * stride_dk_b + h_kv.to(tl.int64) * stride_dk_h
+    dv_base = DV + b.to(tl.int64) * stride_dv_b + h_kv.to(tl.int64) * stride_dv_h
+    if VARLEN:   # batch strides are 0: move to the sequence's first rows
+        k_base += k_start.to(tl.int64) * stride_k_s
+        v_base += k_start.to(tl.int64) * stride_v_s
+        dk_base += k_start.to(tl.int64) * stride_dk_s
+        dv_base += k_start.to(tl.int64) * stride_dv_s
     k = load_tile(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d, col_ok, d_ok, True, PAD_D)
     v = load_tile(v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d, col_ok, d_ok, True, PAD_D)
     qk_scale = scale * LOG2E
+    keep_scale = 1.0 / (1.0 - dropout_p)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    q_end = S_q
+    if VARLEN:   # a key block past the end of its (shorter) sequence has nothing to do
+        q_end = tl.where(start_n < S_k, S_q, 0)
 
     for g in range(0, GROUP_SIZE):
         h = h_kv * GROUP_SIZE + g
@@ -178,24 +238,50 @@ def fast_dkdv_kernel(
         lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h
         delta_base = DELTA + b.to(tl.int64) * stride_delta_b + h.to(tl.int64) * stride_delta_h
         dq_base = DQ_ACC + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h
-        if CAUSAL:
-            # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
-            # every later row sees the whole key block.
-            diag_end = tl.minimum(start_n + BLOCK_N, S_q)
+        if VARLEN:
+            q_base += q_start.to(tl.int64) * stride_q_s
+            do_base += q_start.to(tl.int64) * stride_do_s
+            lse_base += q_start
+            delta_base += q_start
+        seq_head = b * H_KV * GROUP_SIZE + h                 # the forward's program_id(1) for this head
+        if WINDOW:   # the query rows that see these keys: masked edges, whole tiles between
+            lo, free_lo, free_hi, hi = window_tiles(start_n, S_k, S_q, RIGHT, LEFT, BLOCK_N, BLOCK_M)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                                 offs_n, offs_d, d_ok, start_n, diag_end, S_q, qk_scale, scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION)
-            first_free = start_n + BLOCK_N
+                                 offs_n, offs_d, d_ok, lo, free_lo, S_q, qk_scale, scale,
+                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                                 offs_n, offs_d, d_ok, free_lo, free_hi, S_q, qk_scale, scale,
+                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N)
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                                 offs_n, offs_d, d_ok, free_hi, hi, S_q, qk_scale, scale,
+                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N)
         else:
-            first_free = 0
-        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                             stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                             offs_n, offs_d, d_ok, first_free, S_q, S_q, qk_scale, scale,
-                             False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION)
+            if CAUSAL:
+                # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
+                # every later row sees the whole key block.
+                diag_end = tl.minimum(start_n + BLOCK_N, q_end)
+                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                     stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                                     offs_n, offs_d, d_ok, start_n, diag_end, S_q, qk_scale, scale,
+                                     start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N)
+                first_free = start_n + BLOCK_N
+            else:
+                first_free = 0
+            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                                 offs_n, offs_d, d_ok, first_free, q_end, S_q, qk_scale, scale,
+                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N)
 
-    dk_base = DK + b.to(tl.int64) * stride_dk_b + h_kv.to(tl.int64) * stride_dk_h
-    dv_base = DV + b.to(tl.int64) * stride_dv_b + h_kv.to(tl.int64) * stride_dv_h
+    if DROPOUT:
+        dv = dv * keep_scale
     store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
                col_ok, d_ok, PAD_D)
     store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
@@ -209,39 +295,46 @@ _tuned_fused = tuning.autotuned(fast_dkdv_kernel, "fused", reset_to_zero=["DQ_AC
 
 def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                             needs_dq: bool = True, needs_dkdv: bool = True, *, fused: bool = False,
-                            config=None, warmup: bool = False):
+                            config=None, warmup: bool = False,
+                            layout=None, window_args=(False, 0, 0), dropout_p: float = 0.0, seed: int = 0):
     """(dq, dk, dv) by the tuned backward; None for what was not asked for. Two kernels by
     default; ``fused=True``: one dK/dV kernel that also adds dQ with atomics (see the module's
     docstring). ``warmup=True`` only compiles the kernels (see ``fast.precompile``).
-    fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too)."""
-    B, H, S_q, D = q.shape
-    H_kv, S_k = k.shape[1], k.shape[2]
+    fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too).
+    ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's."""
+    H, D = q.shape[1], q.shape[3]
+    H_kv = k.shape[1]
+    if layout is None:
+        B, S_q, S_k, varlen, cu_q, cu_k = q.shape[0], q.shape[2], k.shape[2], False, q, q
+    else:
+        B, S_q, S_k, varlen, cu_q, cu_k = layout.batches, layout.S_q, layout.S_k, layout.varlen, layout.cu_q, layout.cu_k
+        fused = False                     # lesson 09's features run on the two-kernel backward
+    new, strides = tuning.outputs_and_strides(layout, warmup)
     delta = tuning.ArgSpec(lse.shape, lse.dtype, lse.device) if warmup else attention_backward_delta(o, do)
     S_BUCKET = tuning.bucket(S_q, S_k)
-    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride(),
-              lse.stride(0), lse.stride(1), delta.stride(0), delta.stride(1))
+    common = (cu_q, cu_k, *strides(q), *strides(k), *strides(v), *strides(do),
+              *strides(lse)[:2], *strides(delta)[:2])
+    features = (S_BUCKET, *window_args[1:], float(dropout_p), dropout_threshold(dropout_p), seed)
     fused = fused and needs_dq and needs_dkdv
-    meta = tuning.constants(q, causal)
+    meta = dict(tuning.constants(q, causal), WINDOW=window_args[0], VARLEN=varlen, DROPOUT=dropout_p > 0)
     dq = dk = dv = None
     if needs_dq and not fused:
-        dq = tuning.output((B, H, S_q, D), q.dtype, q.device, warmup)
-        args = (q, k, v, do, lse, delta, dq, *common, dq.stride(0), dq.stride(1), dq.stride(2),
-                H, H // H_kv, S_q, S_k, scale, S_BUCKET)
+        dq = new(tuple(q.shape), q.dtype, q.device)
+        args = (q, k, v, do, lse, delta, dq, *common, *strides(dq)[:3], H, H // H_kv, S_q, S_k, scale, *features)
         tuning.run("dq", fast_dq_kernel, _tuned_dq, lambda m: (triton.cdiv(S_q, m["BLOCK_M"]), B * H),
                    args, meta, config=config, warmup=warmup)
     if needs_dkdv:
-        dk = tuning.output((B, H_kv, S_k, D), k.dtype, k.device, warmup)
-        dv = tuning.output((B, H_kv, S_k, D), v.dtype, v.device, warmup)
+        dk = new(tuple(k.shape), k.dtype, k.device)
+        dv = new(tuple(v.shape), v.dtype, v.device)
         # fused: atomics add into an fp32 buffer; otherwise the argument is a placeholder
         if fused:
-            dq_acc = (tuning.ArgSpec((B, H, S_q, D), torch.float32, q.device) if warmup
-                      else torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device))
+            dq_acc = (tuning.ArgSpec(q.shape, torch.float32, q.device) if warmup
+                      else torch.zeros(q.shape, dtype=torch.float32, device=q.device))
         else:
             dq_acc = dk
         args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common,
-                dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-                dq_acc.stride(0), dq_acc.stride(1), dq_acc.stride(2),
-                H_kv, H // H_kv, S_q, S_k, scale, S_BUCKET)
+                *strides(dk)[:3], *strides(dv)[:3], *strides(dq_acc)[:3],
+                H_kv, H // H_kv, S_q, S_k, scale, *features)
         tuning.run("fused" if fused else "dkdv", fast_dkdv_kernel, _tuned_fused if fused else _tuned_dkdv,
                    lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args, dict(meta, FUSED_DQ=fused),
                    config=config, warmup=warmup)

@@ -66,6 +66,18 @@ def output(shape, dtype, device, warmup: bool):
     return ArgSpec(shape, dtype, device) if warmup else runtime.new_output(shape, dtype, device)
 
 
+def outputs_and_strides(layout, warmup: bool):
+    """(new, strides) for a launcher: ``new(shape, dtype, device)`` makes an output (a spec for a
+    warm-up), ``strides(t)`` gives a tensor's strides as the kernels take them. ``layout``: None
+    for dense ``[B, H, S, D]`` tensors, or lesson 09's ``beyond.kernels.Layout`` (packed batches:
+    outputs stored as ``[total, H, D]``, batch strides 0)."""
+    if layout is None:
+        return (lambda shape, dtype, device: output(shape, dtype, device, warmup)), (lambda t: tuple(t.stride()))
+    if warmup:
+        return (lambda shape, dtype, device: layout.spec(shape, dtype, device)), layout.strides
+    return layout.new, layout.strides
+
+
 def bucket(S_q: int, S_k: int) -> int:
     """One integer naming the (S_q, S_k) bucket: next powers of two, packed."""
     return triton.next_power_of_2(S_q) * (1 << 24) + triton.next_power_of_2(S_k)
@@ -100,7 +112,7 @@ def autotuned(kernel, name: str, reset_to_zero=None):
     if runtime.INTERPRET:
         return None
     candidates = [c.to_triton() for c in configs.CANDIDATES[KERNELS[name]]]
-    kwargs = dict(configs=candidates, key=["S_BUCKET", "CAUSAL", "HEAD_DIM", "DOT_PRECISION"],
+    kwargs = dict(configs=candidates, key=["S_BUCKET", "CAUSAL", "HEAD_DIM", "DOT_PRECISION", "WINDOW", "VARLEN", "DROPOUT"],
                   prune_configs_by={"early_config_prune": _prune(name)},
                   reset_to_zero=reset_to_zero, do_bench=_quick_bench)
     try:
@@ -165,6 +177,8 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
         else:
             tuned[grid](*args, **meta)
     else:
-        candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device)
-        key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False))
+        feature = next((f.lower() for f in ("DROPOUT", "VARLEN", "WINDOW") if meta.get(f)), None)
+        candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device, feature=feature)
+        key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False),
+               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"))
         configs.launch(key, candidates, launch)
