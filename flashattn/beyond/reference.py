@@ -43,11 +43,12 @@ def attention_reference(q, k, v, causal: bool = False, scale: Optional[float] = 
 
 
 def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool = False, scale=None, window=None,
-                     dropout_p: float = 0.0, seed: Optional[int] = None):
+                     dropout_p: float = 0.0, seed: Optional[int] = None, return_lse: bool = False):
     """O ``[total_q, H, D]`` (float64) of a packed batch, sequence by sequence; with dropout, each
-    sequence's mask is the one the kernels draw from ``seed``."""
+    sequence's mask is the one the kernels draw from ``seed``. ``return_lse``: (O, LSE
+    ``[total_q, H]``)."""
     H = q.shape[1]
-    outs = []
+    outs, lses = [], []
     cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cu_q) - 1):
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
@@ -55,9 +56,10 @@ def varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool = False, 
         keep = None
         if dropout_p > 0:
             keep = dropout_mask(seed, H, q_b.shape[2], k_b.shape[2], dropout_p, q.device, first_seq_head=b * H)[None]
-        o, _ = attention_reference(q_b, k_b, v_b, causal, scale, window, keep, dropout_p)
+        o, lse = attention_reference(q_b, k_b, v_b, causal, scale, window, keep, dropout_p)
         outs.append(o[0].permute(1, 0, 2))
-    return torch.cat(outs, dim=0)
+        lses.append(lse[0].T)
+    return (torch.cat(outs, dim=0), torch.cat(lses, dim=0)) if return_lse else torch.cat(outs, dim=0)
 
 
 def packed_mask(cu_seqlens_q, cu_seqlens_k, causal: bool = False, window=None) -> torch.Tensor:

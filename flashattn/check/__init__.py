@@ -22,6 +22,9 @@ The checkers and what they call
 * :func:`dkdv_kernel` -- ``launch(q, k, v, do, lse, delta, dk, dv, causal, scale) -> None``
 * :func:`autograd_function` -- ``fn(q, k, v, causal=..., scale=...) -> o`` (differentiable)
 * :func:`lazy_backward` -- ``fn(q, k, v, bias, tau, do, scale) -> (dq, dk, dv, dbias, dtau)``
+* :func:`window_mask` -- ``fn(S_q, S_k, window) -> bool [S_q, S_k]`` (lesson 09)
+* :func:`beyond_backward` -- ``fn(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, window, dropout_p,
+  seed, scale) -> (dq, dk, dv)`` on a packed batch (lesson 09)
 
 Inputs are float32 (the PyTorch exercises), or float32 on the CPU and float16 on a GPU (the
 kernels), with one case in float16 everywhere (outputs must come back in the inputs' dtype);
@@ -41,6 +44,7 @@ from .battery import AUTOGRAD_BATTERY, BACKWARD_BATTERY, BATTERY, FORWARD_BATTER
 from . import rules  # noqa: F401  (registers every diagnosis, in order)
 from .diagnose import RULES, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
+from .beyond import beyond_backward, window_mask
 from .lazy import lazy_backward
 from .origin import describe_origin
 from .results import CheckFailed, CheckResult, Diagnosis
@@ -52,7 +56,7 @@ last: Optional[CheckResult] = None
 __all__ = [
     "Case", "CheckResult", "CheckFailed", "Diagnosis", "RULES", "BATTERY", "last",
     "attention_backward", "rebuild_p", "online_softmax", "dq_kernel", "dkdv_kernel",
-    "autograd_function", "lazy_backward", "describe_origin",
+    "autograd_function", "lazy_backward", "window_mask", "beyond_backward", "describe_origin",
 ]
 
 

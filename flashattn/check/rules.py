@@ -161,6 +161,9 @@ def _displaced_stores(ctx):
             f"went to other addresses; {ctx.case_pattern()}")
 
 
+from . import beyond_rules  # noqa: E402,F401  (lesson 09's checkers: registered here, in this order)
+
+
 # --------------------------------------------------------------------------------------
 # patterns that pin one cause
 # --------------------------------------------------------------------------------------

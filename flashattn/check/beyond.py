@@ -1,0 +1,309 @@
+"""Lesson 09's exercise checkers (solutions/09): a sliding window's mask, and the backward of a
+packed batch with a window and dropout, written in PyTorch.
+
+* :func:`window_mask` -- ``fn(S_q, S_k, window) -> bool [S_q, S_k]``: True where query i sees
+  key j, for ``window = (left, right)`` as FlashAttention's ``window_size`` (-1: no limit).
+* :func:`beyond_backward` -- ``fn(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, window,
+  dropout_p, seed, scale) -> (dq, dk, dv)`` on a packed batch: q, o, do ``[total_q, H, D]``,
+  k, v ``[total_k, H, D]``, lse ``[total_q, H]``, all float64; O and LSE come from the forward
+  with sequence b's dropout mask drawn as ``beyond.dropout_mask(seed, H, S_q_b, S_k_b, p,
+  device, first_seq_head=b * H)``.
+
+The cases mix one sequence and several, S_q != S_k, windows with rows that see no key, and
+dropout 0, 0.2 and 0.5. Outputs are compared per (sequence, head): they are unpacked into
+``[sequences, H, longest, D]``, zero-padded, so "batch element b" in a table is sequence b.
+The classic mistakes of the lesson are fingerprinted (:func:`_variants`); the diagnoses are
+in :mod:`flashattn.check.beyond_rules`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+from .. import runtime
+from .battery import Case
+from .diagnose import ShapeError
+from .runner import run_battery
+
+
+# --------------------------------------------------------------------------------------
+# the window's mask, and its classic slips
+# --------------------------------------------------------------------------------------
+def visible(S_q: int, S_k: int, window, *, shift: int = 0, literal: str = "", left_off: int = 0,
+            right_off: int = 0, device=None) -> torch.Tensor:
+    """bool ``[S_q, S_k]``: query i sees key j when ``i - left <= j <= i + right`` (top-left
+    aligned, -1: no limit). The keywords put in a classic slip: ``shift`` moves the queries'
+    positions (``S_k - S_q`` aligns them bottom-right); ``literal`` ("left", "right", "both")
+    takes a -1 on that side as a number; ``left_off`` / ``right_off`` move an edge by one."""
+    left, right = window
+    i = torch.arange(S_q, device=device)[:, None] + shift
+    j = torch.arange(S_k, device=device)[None, :]
+    seen = torch.ones(S_q, S_k, dtype=torch.bool, device=device)
+    if left >= 0 or literal in ("left", "both"):
+        seen &= j >= i - left + left_off
+    if right >= 0 or literal in ("right", "both"):
+        seen &= j <= i + right + right_off
+    return seen
+
+
+def window_slips(S_q: int, S_k: int, window) -> dict:
+    """Name -> the mask a classic mistake builds (only those that differ from the right one)."""
+    right_mask = visible(S_q, S_k, window)
+    slips = {"window_swapped": visible(S_q, S_k, window[::-1]),
+             "window_bottom_right": visible(S_q, S_k, window, shift=S_k - S_q)}
+    for side in ("left", "right", "both"):
+        slips[f"window_minus_one:{side}"] = visible(S_q, S_k, window, literal=side)
+    for off in (-1, 1):          # > for >=, < for <=, or an edge computed one further out
+        slips[f"window_left_off:{off}"] = visible(S_q, S_k, window, left_off=off)
+        slips[f"window_right_off:{off}"] = visible(S_q, S_k, window, right_off=off)
+    return {n: m for n, m in slips.items() if not torch.equal(m, right_mask)}
+
+
+@dataclass(frozen=True)
+class WindowCase(Case):
+    window: tuple = (-1, -1)
+
+
+def _window_case(S_q, S_k, window) -> WindowCase:
+    return WindowCase(f"{S_q}x{S_k} window {window[0]},{window[1]}", 1, 1, S_q, S_k, 1, tuple(window) == (-1, 0),
+                      window=tuple(window))
+
+
+WINDOW_CASES = (
+    _window_case(7, 7, (-1, -1)), _window_case(7, 7, (-1, 0)), _window_case(9, 9, (3, 0)),
+    _window_case(8, 8, (2, 2)), _window_case(6, 10, (1, 3)), _window_case(10, 6, (0, 0)),
+    _window_case(9, 9, (4, -1)), _window_case(5, 8, (-1, 2)), _window_case(8, 8, (0, 5)),
+)
+
+
+def _as_mask_tensor(m) -> torch.Tensor:
+    return m.to(torch.float64).reshape(1, 1, *m.shape)
+
+
+def window_mask(fn, *, raise_on_fail: bool = True, show: bool = True):
+    """Check ``fn(S_q, S_k, window) -> bool [S_q, S_k]``, the window's mask (True: i sees j)."""
+    def make(case, dtype, device, seed, with_do):
+        return SimpleNamespace(expected=visible(case.S_q, case.S_k, case.window))
+
+    def run_case(case, x):
+        got = fn(case.S_q, case.S_k, case.window)
+        if not isinstance(got, torch.Tensor):
+            raise ShapeError(f"fn must return a torch.Tensor, got {type(got).__name__}")
+        if tuple(got.shape) != (case.S_q, case.S_k):
+            raise ShapeError(f"the mask has shape {tuple(got.shape)}, expected [S_q, S_k] = "
+                             f"{[case.S_q, case.S_k]} (a row per query, a column per key)")
+        if got.dtype != torch.bool:
+            raise ShapeError(f"the mask has dtype {got.dtype}, expected torch.bool")
+        return {"mask": _as_mask_tensor(got.cpu())}, {"mask": _as_mask_tensor(x.expected)}, {}
+
+    def variants(case, x):
+        return {n: {"mask": _as_mask_tensor(m)} for n, m in window_slips(case.S_q, case.S_k, case.window).items()}
+
+    return run_battery("check.window_mask", fn, WINDOW_CASES, run_case, kind="window", dtype=torch.float64,
+                       seed=0, with_do=False, raise_on_fail=raise_on_fail, show=show, variants=variants,
+                       make=make, tol=1e-12)
+
+
+# --------------------------------------------------------------------------------------
+# the packed backward
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BeyondCase(Case):
+    lens_q: tuple = ()
+    lens_k: tuple = ()
+    window: tuple = (-1, -1)
+    dropout_p: float = 0.0
+
+    @property
+    def packed(self) -> bool:
+        return len(self.lens_q) > 1
+
+    @property
+    def empty_rows(self) -> bool:
+        return any(not bool(visible(sq, sk, self.window).any(dim=1).all())
+                   for sq, sk in zip(self.lens_q, self.lens_k))
+
+
+def _beyond_case(lens_q, lens_k=None, window=(-1, -1), p=0.0, H=2, D=8) -> BeyondCase:
+    lens_k = tuple(lens_k or lens_q)
+    listed = lambda lens: ",".join(map(str, lens))   # noqa: E731
+    name = f"q{listed(lens_q)}" + (f" k{listed(lens_k)}" if lens_k != tuple(lens_q) else "") + \
+        (f" w{window[0]},{window[1]}" if tuple(window) != (-1, -1) else "") + (f" p{p}" if p else "")
+    return BeyondCase(name, len(lens_q), H, max(lens_q), max(lens_k), D, tuple(window) == (-1, 0),
+                      lens_q=tuple(lens_q), lens_k=lens_k, window=tuple(window), dropout_p=p)
+
+
+BEYOND_CASES = (
+    _beyond_case((13,)),
+    _beyond_case((5, 11, 7), window=(-1, 0)),
+    _beyond_case((9, 6, 12), window=(3, 1)),
+    _beyond_case((6, 9), (10, 4), window=(1, 0)),          # rows past S_k + 1 see no key
+    _beyond_case((16,), p=0.2),
+    _beyond_case((7, 10, 5), window=(-1, 0), p=0.5),
+    _beyond_case((8, 11), (12, 7), window=(2, 2), p=0.3),
+)
+
+
+def _cu(lens, device) -> torch.Tensor:
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=device)
+
+
+def _spans(lens):
+    starts = [0] + torch.tensor(lens).cumsum(0).tolist()
+    return [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def _keep(x, b, S_q, S_k, first_seq_head=None) -> torch.Tensor:
+    """Sequence b's dropout mask [H, S_q, S_k] as the forward drew it (or with another head number)."""
+    from ..beyond.kernels import dropout_mask
+
+    H = x.q.shape[1]
+    first = b * H if first_seq_head is None else first_seq_head
+    key = (S_q, S_k, first)
+    if key not in x.masks:
+        x.masks[key] = dropout_mask(x.seed, H, S_q, S_k, x.p, x.device, first_seq_head=first).cpu() \
+            if x.p > 0 else torch.ones(H, S_q, S_k, dtype=torch.bool)
+    return x.masks[key]
+
+
+def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") -> tuple:
+    """dQ, dK, dV of one sequence (``[H, S, D]`` tensors, lse ``[H, S_q]``), float64, by the
+    lesson's formulas -- or with one classic ``slip`` put in."""
+    s = q @ k.transpose(-1, -2) * scale
+    P = torch.exp(s - lse[..., None])
+    if slip != "no_visible":
+        P = P.masked_fill(~seen, 0.0)
+    rescale = 1.0 / (1.0 - p)
+    z_dv = keep * (1.0 if slip in ("no_rescale", "no_rescale_dv") else rescale)
+    z_dp = keep * (1.0 if slip in ("no_rescale", "no_rescale_dp") else rescale)
+    if slip == "dv_no_mask":
+        z_dv = torch.ones_like(z_dv, dtype=torch.float64)
+    if slip == "dp_no_mask":
+        z_dp = torch.ones_like(z_dp, dtype=torch.float64)
+    dv = (P * z_dv).transpose(-1, -2) @ do
+    dp_raw = do @ v.transpose(-1, -2)
+    dp = dp_raw * z_dp
+    delta = (do * o).sum(-1, keepdim=True)
+    if slip == "delta_unmasked_dp":
+        delta = (P * dp_raw).sum(-1, keepdim=True)
+    ds = (P * z_dv if slip == "ds_dropped_p" else P) * (dp - delta)
+    return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv
+
+
+def _heads_first(t):
+    return t.transpose(0, 1)
+
+
+def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False) -> dict:
+    """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
+    formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
+    (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
+    mask), ``whole`` (the packed batch taken as one sequence), ``global_positions`` (the window
+    compares positions in the packed tensor)."""
+    case = x.case
+    H = x.q.shape[1]
+    if whole:
+        spans_q, spans_k = [slice(0, sum(case.lens_q))], [slice(0, sum(case.lens_k))]
+    else:
+        spans_q, spans_k = _spans(case.lens_q), _spans(case.lens_k)
+    dq, dk, dv = torch.zeros_like(x.q), torch.zeros_like(x.k), torch.zeros_like(x.v)
+    for b, (qs, ks) in enumerate(zip(spans_q, spans_k)):
+        S_q, S_k = qs.stop - qs.start, ks.stop - ks.start
+        if window_slip is not None:
+            seen = window_slips(S_q, S_k, case.window).get(window_slip)
+            if seen is None:
+                seen = visible(S_q, S_k, case.window)
+        else:
+            seen = visible(S_q, S_k, case.window, shift=(qs.start - ks.start) if global_positions else 0)
+        keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None)
+        g = sequence_grads(*(_heads_first(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
+                           x.lse[qs].T, keep, x.p, seen, x.scale, slip)
+        dq[qs], dk[ks], dv[ks] = (_heads_first(t) for t in g)
+    return unpack(case, {"dQ": dq, "dK": dk, "dV": dv})
+
+
+def unpack(case: BeyondCase, packed: dict) -> dict:
+    """Packed ``[total, H, D]`` -> ``[sequences, H, longest, D]``, zero-padded."""
+    out = {}
+    for name, t in packed.items():
+        lens = case.lens_q if name == "dQ" else case.lens_k
+        full = torch.zeros(len(lens), t.shape[1], max(lens), t.shape[2], dtype=torch.float64)
+        for b, s in enumerate(_spans(lens)):
+            full[b, :, : s.stop - s.start] = _heads_first(t[s].detach().to("cpu", torch.float64))
+        out[name] = full
+    return out
+
+
+def _make(case: BeyondCase, dtype, device, seed, with_do):
+    from ..beyond.reference import attention_reference
+
+    g = torch.Generator().manual_seed(seed + 7919 * sum(case.lens_q) + 31 * sum(case.lens_k))
+    tq, tk, H, D = sum(case.lens_q), sum(case.lens_k), case.H, case.D
+    q, do = (torch.randn(tq, H, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(tk, H, D, generator=g, dtype=torch.float64) for _ in range(2))
+    x = SimpleNamespace(case=case, q=q, k=k, v=v, do=do, scale=1.0 / math.sqrt(D), p=case.dropout_p,
+                        seed=1234 + sum(case.lens_q), device=device, masks={})
+    o, lse = torch.zeros_like(q), torch.zeros(tq, H, dtype=torch.float64)
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    outs = []
+    for b, (qs, ks) in enumerate(zip(_spans(case.lens_q), _spans(case.lens_k))):
+        keep = _keep(x, b, qs.stop - qs.start, ks.stop - ks.start)[None]
+        o_b, lse_b = attention_reference(*(_heads_first(t[s])[None] for t, s in ((qg, qs), (kg, ks), (vg, ks))),
+                                         False, x.scale, case.window, keep, x.p)
+        outs.append(_heads_first(o_b[0]))
+        lse[qs] = lse_b[0].T.detach()
+    o_all = torch.cat(outs)
+    o_all.backward(do)
+    x.o, x.lse = o_all.detach(), lse
+    x.expected = unpack(case, {"dQ": qg.grad, "dK": kg.grad, "dV": vg.grad})
+    x.cu_q, x.cu_k = _cu(case.lens_q, device), _cu(case.lens_k, device)
+    return x
+
+
+#: mistakes that change the result only with dropout on, and how each is put in
+DROPOUT_SLIPS = ("no_rescale", "no_rescale_dv", "no_rescale_dp", "dv_no_mask", "dp_no_mask", "ds_dropped_p",
+                 "delta_unmasked_dp")
+
+
+def _variants(case: BeyondCase, x) -> dict:
+    found = {}
+    if case.dropout_p > 0:
+        for slip in DROPOUT_SLIPS:
+            found[slip] = packed_grads(x, slip)
+        if case.packed:
+            found["mask_same_for_all"] = packed_grads(x, mask_heads=lambda b, H: 0)
+            found["mask_numbered_by_b"] = packed_grads(x, mask_heads=lambda b, H: b)
+    for name in window_slips(case.S_q, case.S_k, case.window):
+        found[name] = packed_grads(x, window_slip=name)
+    if case.window != (-1, -1):
+        found["no_visible"] = packed_grads(x, "no_visible")
+    if case.packed:
+        found["leak"] = packed_grads(x, whole=True)     # with dropout: one mask for the whole batch
+        if case.window != (-1, -1) and case.lens_q != case.lens_k:
+            found["global_positions"] = packed_grads(x, global_positions=True)
+    return found
+
+
+def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
+    """Check the backward of a packed batch with a window and dropout (see the module's doc)."""
+    device = runtime.default_device()
+
+    def run_case(case, x):
+        to = lambda t: t.to(device).clone()   # noqa: E731 -- the learner may write into them
+        got = fn(to(x.q), to(x.k), to(x.v), to(x.o), to(x.do), to(x.lse), x.cu_q.clone(), x.cu_k.clone(),
+                 case.window, case.dropout_p, x.seed, x.scale)
+        if not isinstance(got, (tuple, list)) or len(got) != 3:
+            raise ShapeError(f"fn must return a tuple (dq, dk, dv), got {type(got).__name__}")
+        for name, t, like in zip(("dq", "dk", "dv"), got, (x.q, x.k, x.v)):
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(like.shape):
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ShapeError(f"{name} has shape {shape}, expected {tuple(like.shape)} "
+                                 f"(packed like {'q' if name == 'dq' else name[1]})")
+        return unpack(case, dict(zip(("dQ", "dK", "dV"), got))), x.expected, {}
+
+    return run_battery("check.beyond_backward", fn, BEYOND_CASES, run_case, kind="beyond", dtype=torch.float64,
+                       seed=0, with_do=True, raise_on_fail=raise_on_fail, show=show,
+                       variants=lambda case, x: _variants(case, x), make=_make, tol=1e-6)

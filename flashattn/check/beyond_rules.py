@@ -1,0 +1,139 @@
+"""Lesson 09's diagnoses (``check.window_mask``, ``check.beyond_backward``): which of the
+lesson's classic mistakes the outputs match (fingerprints computed by
+:mod:`flashattn.check.beyond`), then which *kind* of case fails -- only with dropout, only with
+a window, only with several sequences -- when no fingerprint fits. Registered in
+:mod:`flashattn.check.rules` right after the rules for code that did not run.
+"""
+from __future__ import annotations
+
+from .diagnose import rule
+from .fingerprint_rules import _fingerprint
+
+KINDS = ("window", "beyond")
+WINDOW_IDEA = ("window = (left, right): query i sees keys i - left ... i + right, both ends included "
+               "(-1: no limit on that side), counted from the start of each sequence. Causal is (-1, 0).")
+
+
+def _slip_rule(id: str, title: str, idea: str, kinds=KINDS, name=None):
+    rule(id, title, idea, kinds=kinds)(_fingerprint(name or id))
+
+
+# --------------------------------------------------------------------------------------
+# a row that sees no key
+# --------------------------------------------------------------------------------------
+@rule("beyond_empty_rows", "NaN in rows that see no key",
+      "Where the window hides every key of a row, softmax over an all -inf row is 0/0. The "
+      "forward stored LSE = +inf for such a row, so P = exp(S - LSE) is 0 there: rebuild P from "
+      "the LSE (or set those rows to 0), never with a softmax over nothing.", kinds=("beyond",))
+def _empty_rows(ctx):
+    nan = [r for r in ctx.failing if any(t.nan_computed for t in r.tensors.values())]
+    if nan and all(r.case.empty_rows for r in nan) and \
+            all(not any(t.nan_computed for t in r.tensors.values()) for r in ctx.ran if not r.case.empty_rows):
+        return (f"NaN in {ctx.names_of(nan)}, the case(s) whose window leaves some rows without a key; "
+                f"no other case has NaN")
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# the window's edges
+# --------------------------------------------------------------------------------------
+_slip_rule("window_left_off", "the window's left edge is off by one",
+           WINDOW_IDEA + " Yours moves the left edge: check >= against >, and i - left against i - left + 1.")
+_slip_rule("window_right_off", "the window's right edge is off by one",
+           WINDOW_IDEA + " Yours moves the right edge: check <= against <, and i + right against i + right - 1.")
+_slip_rule("window_swapped", "left and right are swapped (or the mask is transposed)",
+           WINDOW_IDEA + " left bounds the keys *before* the query (j >= i - left), right those after it.")
+_slip_rule("window_minus_one", "-1 is taken as a number, not as 'no limit'",
+           WINDOW_IDEA + " A side of -1 adds no condition at all: skip that comparison.")
+_slip_rule("window_bottom_right", "the window is aligned bottom-right",
+           WINDOW_IDEA + " With S_q != S_k the course aligns query i with key i (top-left, as its causal "
+           "mask); yours shifts the queries by S_k - S_q.")
+_slip_rule("no_visible", "P is rebuilt from the LSE without the window's mask",
+           "exp(S - LSE) is positive everywhere: the keys the window hides must be set to P = 0 "
+           "(masked_fill or where) before P enters dV, dP and dS.", kinds=("beyond",))
+
+# --------------------------------------------------------------------------------------
+# dropout
+# --------------------------------------------------------------------------------------
+_DROPOUT_IDEA = ("The forward computed O = (P * Z / (1 - p)) V with Z the dropout mask. So dV = "
+                 "(P * Z / (1 - p))^T dO, and dP = (dO V^T) * Z / (1 - p) (what reached O went through "
+                 "Z / (1 - p)); dS = P * (dP - delta) keeps the *undropped* P (the softmax's own "
+                 "Jacobian), and delta = rowsum(dO * O) still holds.")
+_slip_rule("no_rescale_dv", "dV is missing the 1 / (1 - p) rescale", _DROPOUT_IDEA, kinds=("beyond",))
+_slip_rule("no_rescale_dp", "dP is missing the 1 / (1 - p) rescale", _DROPOUT_IDEA, kinds=("beyond",))
+_slip_rule("no_rescale", "the 1 / (1 - p) rescale is missing in the backward (dV and dP)", _DROPOUT_IDEA,
+           kinds=("beyond",))   # after the two above: each of those explains fewer wrong outputs
+_slip_rule("dv_no_mask", "dV ignores the dropout mask (P^T dO)", _DROPOUT_IDEA, kinds=("beyond",))
+_slip_rule("dp_no_mask", "dP ignores the dropout mask", _DROPOUT_IDEA, kinds=("beyond",))
+_slip_rule("ds_dropped_p", "dS uses the dropped P (P * Z / (1 - p)) instead of P", _DROPOUT_IDEA,
+           kinds=("beyond",))
+_slip_rule("delta_unmasked_dp", "delta is summed from a dP without the dropout mask", _DROPOUT_IDEA,
+           kinds=("beyond",))
+_slip_rule("mask_same_for_all", "every sequence uses sequence 0's dropout mask",
+           "Sequence b's heads were numbered b * H ... b * H + H - 1 when the forward drew their "
+           "masks: draw each sequence's Z with first_seq_head=b * H.", kinds=("beyond",))
+_slip_rule("mask_numbered_by_b", "sequence b's dropout mask is drawn with first_seq_head=b, not b * H",
+           "Each (sequence, head) pair has its own number b * H + h; with first_seq_head=b, sequence 1 "
+           "takes sequence 0's second head's mask.", kinds=("beyond",))
+
+
+def _per_sequence(ctx, cases) -> str:
+    """'sequence 0 right, sequences 1-2 wrong' over ``cases``, from the per-(sequence, head) errors."""
+    ok_first, bad_later = True, False
+    for r in cases:
+        for t in r.tensors.values():
+            seq_ok = t.heads_ok.all(dim=1)
+            ok_first &= bool(seq_ok[0])
+            bad_later |= bool((~seq_ok[1:]).any())
+    return "sequence 0 is right in every one of them, later sequences are wrong" if ok_first and bad_later else ""
+
+
+@rule("dropout_mask_differs", "the backward's dropout mask is not the forward's",
+      "Z is never stored: the backward must draw the very same bits the forward drew -- the same "
+      "seed, the same first_seq_head (b * H for sequence b) and the same (S_q, S_k) for each "
+      "sequence, from beyond.dropout_mask -- not a new draw (torch.rand, bernoulli, another seed). "
+      "Then apply it in dV and dP with the 1 / (1 - p).", kinds=("beyond",))
+def _mask_differs(ctx):
+    dropout = [r for r in ctx.results if r.case.dropout_p > 0]
+    if ctx.failing and all(r.case.dropout_p > 0 for r in ctx.failing):
+        which = _per_sequence(ctx, [r for r in ctx.failing if r.case.packed])
+        return (f"only cases with dropout fail ({len(ctx.failing)} of {len(dropout)}), every case without dropout "
+                f"passes, and the outputs match none of the rescale slips" + (f"; {which}" if which else ""))
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# packed sequences
+# --------------------------------------------------------------------------------------
+_slip_rule("leak", "attention leaks across the packed sequences",
+           "A packed batch is several sequences end to end: query rows of sequence b may see only "
+           "sequence b's keys. Work sequence by sequence (rows cu_seqlens[b] : cu_seqlens[b + 1]), "
+           "not on the packed tensor as one long sequence.", kinds=("beyond",))
+_slip_rule("global_positions", "the window compares positions in the packed tensor, not in the sequence",
+           "Positions restart at 0 in each sequence: build each sequence's mask from its own lengths "
+           "(S_q, S_k), so query i and key j are counted from cu_seqlens_q[b] and cu_seqlens_k[b].",
+           kinds=("beyond",))
+
+
+@rule("sequences", "only batches of several sequences fail: how the sequences are cut out or put back",
+      "Sequence b is rows cu_seqlens_q[b] : cu_seqlens_q[b + 1] of q, o, do, lse and rows "
+      "cu_seqlens_k[b] : cu_seqlens_k[b + 1] of k, v -- two different offsets when the lengths "
+      "differ -- and its gradients go back to exactly those rows.", kinds=("beyond",))
+def _sequences(ctx):
+    single = [r for r in ctx.results if not r.case.packed]
+    if ctx.failing and all(r.case.packed for r in ctx.failing) and single and all(r.ok for r in single):
+        lens = [r for r in ctx.failing if r.case.lens_q != r.case.lens_k]
+        extra = (f"; {len(lens)} of them have S_q != S_k in a sequence" if lens else "")
+        return f"every one-sequence case passes, {len(ctx.failing)} packed case(s) fail{extra}"
+    return None
+
+
+@rule("window_cases", "only cases with a window fail, in a way no classic slip explains",
+      WINDOW_IDEA + " Print your mask next to the expected one for a small case (check.last.report()).",
+      kinds=KINDS)
+def _window_cases(ctx):
+    if ctx.failing and all(getattr(r.case, "window", (-1, -1)) not in ((-1, -1),) for r in ctx.failing) and \
+            any(getattr(r.case, "window", (-1, -1)) == (-1, -1) and r.ok for r in ctx.results):
+        wins = sorted({r.case.window for r in ctx.failing})
+        return f"windows {', '.join(map(str, wins))} fail; without a window every case passes"
+    return None
