@@ -159,3 +159,59 @@ def test_compile_reduce_overhead():
     for _ in range(3):
         out = f(q, k, v)
     assert_close_per_head("O", out, reference(q, k, v, causal=True)["O"], TOL[torch.float16])
+
+
+# --------------------------------------------------------------------------------------
+# dropout and windows (lesson 09's entry point) through the operators of flashattn.beyond.ops
+# --------------------------------------------------------------------------------------
+def test_dropout_operators_pass_opcheck():
+    from flashattn.beyond import ops as beyond_ops
+    impl = "fast" if ON_GPU else "teaching"
+    q, k, v = (rand(1, 2, 40, 16, dtype=DTYPE).requires_grad_() for _ in range(3))
+    seed = torch.tensor(5, dtype=torch.int64)
+    args = (q, k, v, seed, False, [1, 9, 0], 0.25, 0.2, impl)
+    torch.library.opcheck(beyond_ops.forward_op, args)
+    o, lse = beyond_ops.forward_op(*args)
+    do = torch.randn_like(o)
+    torch.library.opcheck(beyond_ops.backward_op, (do, q.detach(), k.detach(), v.detach(), o.detach(), lse.detach(),
+                                                   seed, False, [1, 9, 0], 0.25, 0.2, impl))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if ON_GPU else []))
+def test_torch_compile_with_dropout_and_window(backend):
+    """No graph break, the compiled gradients equal eager's for a fixed seed, and without a seed
+    each compiled call draws a new mask (the seed is drawn inside the graph)."""
+    from flashattn import beyond
+    torch._dynamo.reset()
+    q, k, v = (rand(1, 2, 48, 16, dtype=DTYPE).requires_grad_() for _ in range(3))
+    do = torch.randn_like(q)
+    seeded = lambda q, k, v: beyond.flash_attention(q, k, v, causal=True, window=(9, 0), dropout_p=0.2, seed=11)  # noqa: E731
+    eager = [seeded(q, k, v)]
+    eager += torch.autograd.grad(eager[0], (q, k, v), do)
+    compiled_fn = torch.compile(seeded, backend=backend, fullgraph=True)
+    compiled = [compiled_fn(q, k, v)]
+    compiled += torch.autograd.grad(compiled[0], (q, k, v), do)
+    for name, a, b in zip(("O", "dQ", "dK", "dV"), eager, compiled):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-6), f"{name}: compiled differs from eager with the same seed"
+
+    sdpa = lambda q, k, v: flashattn.scaled_dot_product_attention(q, k, v, dropout_p=0.1, is_causal=True)  # noqa: E731
+    explained = torch._dynamo.explain(sdpa)(q, k, v)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert "flashattn.beyond_forward" in str(explained.graphs[0].graph)
+    compiled_sdpa = torch.compile(sdpa, backend=backend, fullgraph=True)
+    first, second = compiled_sdpa(q, k, v), compiled_sdpa(q, k, v)
+    assert not torch.equal(first, second), "each compiled call must draw a new dropout mask"
+    first.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_compile_reduce_overhead_with_dropout():
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b, c: flashattn.scaled_dot_product_attention(a, b, c, dropout_p=0.1, is_causal=True),
+                      mode="reduce-overhead", fullgraph=True)
+    q, k, v = (rand(2, 8, 128, 64, dtype=torch.float16).requires_grad_() for _ in range(3))
+    outs = [f(q, k, v) for _ in range(4)]
+    assert not torch.equal(outs[-1], outs[-2]), "replays must draw new dropout masks"
+    outs[-1].sum().backward()
+    assert torch.isfinite(q.grad).all()

@@ -18,6 +18,7 @@ from .. import runtime
 from ..configs import KernelConfig
 from ..features import dropout_counters
 from ..fast import fast_attention_backward, fast_attention_forward, supports
+from . import ops
 from .kernels import Layout, beyond_backward, beyond_forward, window_bounds
 
 IMPLEMENTATIONS = ("auto", "fast", "teaching")
@@ -82,16 +83,19 @@ def validate_window(window) -> Optional[tuple[int, int]]:
     return int(window[0]), int(window[1])
 
 
-def validate_dropout(dropout_p, seed, S_q: int, S_k: int) -> tuple[float, int]:
+def validate_dropout(dropout_p, seed, S_q: int, S_k: int, draw: bool = True) -> tuple[float, Optional[int]]:
     """(dropout_p, seed): p in [0, 1); without a seed one is drawn from torch's default generator,
-    so ``torch.manual_seed`` makes a run reproducible."""
+    so ``torch.manual_seed`` makes a run reproducible (``draw=False``: left None, for a compiled
+    graph to draw)."""
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real):
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_p > 0 and dropout_counters(S_q, S_k) > 2 ** 32:
-        raise ValueError(f"dropout counts one head's groups of 8 elements with 32 bits: S_q * ceil(S_k / 8) "
-                         f"must be at most 2**32, got {S_q} * ceil({S_k} / 8)")
+        raise ValueError(f"dropout numbers one head's Philox calls with 32 bits: S_q * ceil(S_k / 32) * 4 "
+                         f"must be at most 2**32, got {S_q} * ceil({S_k} / 32) * 4")
+    if seed is None and not draw:
+        return float(dropout_p), None
     if seed is None:
         seed = int(torch.randint(0, 2 ** 31 - 1, (1,)).item()) if dropout_p > 0 else 0
     elif isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2 ** 31:
@@ -123,11 +127,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     causal = runtime.validate_causal(causal)
     scale = runtime.validate_scale(scale, q.shape[-1])
     window = validate_window(window)
-    dropout_p, seed = validate_dropout(dropout_p, seed, q.shape[2], k.shape[2])
-    layout = Layout(q, k)
+    compiled = config is None and ops.traced(q, k, v)        # torch.compile: through the operators
+    dropout_p, seed = validate_dropout(dropout_p, seed, q.shape[2], k.shape[2], draw=not compiled)
     q_, k_, v_ = _in_kernel_dtype(q, k, v)
-    impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, layout.S_q, layout.S_k)
-    o = BeyondAttentionFunction.apply(q_, k_, v_, layout, scale, mask, dropout_p, seed, impl, config)
+    impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, q.shape[2], k.shape[2])
+    if compiled:
+        return ops.attention(q_, k_, v_, seed, mask, scale, dropout_p, impl).to(q.dtype)
+    o = BeyondAttentionFunction.apply(q_, k_, v_, Layout(q, k), scale, mask, dropout_p, seed, impl, config)
     return o.to(q.dtype)
 
 
