@@ -114,6 +114,8 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 "lse_divided": {"P": torch.exp(ref.S) / ref.LSE[..., None]},
                 "lse_added": {"P": torch.exp(ref.S + lse)},
                 "scale_on_difference": {"P": torch.exp((raw - lse) * case.scale_value).masked_fill(hidden, 0.0)},
+                "exp_minus_lse:unmasked": {"P": torch.exp(ref.S) - lse},
+                "exp_minus_lse:masked": {"P": (torch.exp(ref.S) - lse).masked_fill(hidden, 0.0)},
                 **mask_variants(case, x, "rebuild_p")}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,
@@ -260,10 +262,13 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
             raise
         outs = {"O": o.detach()}
         refs = {"O": x.ref.O, "dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV}
-        for n, g in zip(wanted, grads):
-            if g is None:
-                raise NoGradient(f"no gradient reached {n}: backward returned None for it")
-            outs[names[n]] = g
+        missing = [n for n, g in zip(wanted, grads) if g is None]
+        if missing:
+            e = NoGradient(f"no gradient reached {', '.join(missing)}: backward returned None for "
+                           f"{'it' if len(missing) == 1 else 'them'}")
+            e.missing = missing
+            raise e
+        outs.update({names[n]: g for n, g in zip(wanted, grads)})
         return outs, refs, {}
 
     return run_battery("check.autograd_function", fn, _with_gqa(cases or AUTOGRAD_BATTERY, gqa),
