@@ -297,6 +297,8 @@ _ENTRIES = [
        "dP computed from Q instead of dO", _TESTS),
     _p("dq.ds_precedence", _DQ, [Edit("ds = p * (dp - delta[:, None])", "ds = p * dp - delta[:, None]")],
        "dS = P * dP - delta: the parentheses dropped", _TESTS),
+    _p("dq.same_key_tile", _DQ, [Edit("offs_n = start_n + tl.arange(0, BLOCK_N)", "offs_n = tl.arange(0, BLOCK_N)")],
+       "every iteration of the key loop loads key block 0", _TESTS),
     _p("dkdv.ds_precedence", _DKDV, [Edit("dsT = pT * (dpT - delta[None, :])", "dsT = pT * dpT - delta[None, :]")],
        "dS = P * dP - delta: the parentheses dropped", _TESTS),
     _p("dq.exp_minus_lse", _DQ, [Edit("tl.exp(s - lse[:, None])", "tl.exp(s) - lse[:, None]")],

@@ -161,7 +161,8 @@ rule("query_blocks", "wrong only where S_q spans several query blocks: the loop 
 rule("key_blocks", "wrong only where S_k spans several key blocks: the loop over key blocks",
      "A query-block program must visit every key block its rows see and add up their "
      "contributions: each iteration loads the key block it steps to and adds (+=) into dQ, "
-     "stored once after the loop.", kinds=("dq",))(_pattern_rule(["multi_k*"]))
+     "stored once after the loop. (Under a causal mask the early query blocks see one key block "
+     "only, which is why some of these cases may pass.)", kinds=("dq",))(_pattern_rule(["multi_k*"], exact=False))
 
 rule("padding", "only lengths that are not block multiples are wrong: the partial last block",
      "Rows and keys past S_q / S_k must be masked in every load and get P = 0, and the loops "
