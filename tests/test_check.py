@@ -290,6 +290,8 @@ def make_function(bug=None):
             return dq, dk, dv, None, None
 
     def attention(q, k, v, causal=False, scale=None):
+        if scale is None:                  # as the exercise's wrapper does
+            scale = 1.0 / q.shape[-1] ** 0.5
         return Attention.apply(q, k, v, causal, scale)
     return attention
 
