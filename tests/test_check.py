@@ -542,3 +542,17 @@ def test_lazy_generic():
     assert_clean(run_checker(check.lazy_backward, _lazy(None)))
     assert_hint(run_checker(check.lazy_backward, _lazy("ds_from_da")), "lazy_ds_from_da")
     assert_hint(run_checker(check.lazy_backward, _lazy("dtau_broadcast")), "lazy_dtau_broadcast")
+
+
+def test_first_block_only_is_named():
+    """Every output right in its first 32 rows (keys), wrong after: the later blocks' offsets."""
+    right = make_backward_lse()
+
+    def later_blocks_off(*args):
+        grads = [g.clone() for g in right(*args)]
+        for g in grads:
+            g[..., 32:, :] *= 1.5
+        return tuple(grads)
+    r = run_checker(check.attention_backward, later_blocks_off)
+    assert_hint(r, "first_block_only")
+    assert "rows 0-31 right" in r.diagnosis(), r.diagnosis()
