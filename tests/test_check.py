@@ -290,6 +290,8 @@ def make_function(bug=None):
             return dq, dk, dv, None, None
 
     def attention(q, k, v, causal=False, scale=None):
+        if scale is None:                  # as the exercise's wrapper does
+            scale = 1.0 / q.shape[-1] ** 0.5
         return Attention.apply(q, k, v, causal, scale)
     return attention
 
@@ -385,3 +387,172 @@ def test_exception_ideas_from_the_line_and_the_cases(checker, fn, idea):
     r = run_checker(checker, fn)
     assert_hint(r, "exception")
     assert idea in r.diagnosis(), r.diagnosis()
+
+
+# --------------------------------------------------------------------------------------
+# generic diagnoses: the structure of the outputs, one tensor in another's place, slips
+# --------------------------------------------------------------------------------------
+def make_backward_lse(bug=None):
+    """The backward written with the forward's LSE (P = exp(S - LSE)), with one slip each."""
+    def attention_backward(q, k, v, o, do, lse, causal, scale):
+        D = q.shape[-1]
+        s = 1.0 / D if bug == "scale_value" else scale
+        S = q @ k.transpose(-1, -2) * s
+        mask = causal_mask(S.shape[-2], S.shape[-1], S.device)
+        if bug == "lengths_mixed":     # the mask aligned bottom-right: its diagonal offset S_k - S_q
+            mask = torch.ones_like(mask).tril(S.shape[-1] - S.shape[-2])
+        if causal:
+            S = S.masked_fill(~mask, float("inf") if bug == "plus_inf" else float("-inf"))
+        if bug == "exp_minus_lse":
+            P = torch.exp(S) - lse[..., None]
+        elif bug == "plus_inf":
+            P = torch.softmax(S, -1)
+        else:
+            P = torch.exp(S - lse[..., None])
+        dv = P.transpose(-1, -2) @ do
+        dP = do @ v.transpose(-1, -2)
+        delta = (do * o).sum(-1, keepdim=True)
+        dS = P * dP - delta if bug == "ds_precedence" else P * (dP - delta)
+        dq = dS @ k * s
+        dk = dS.transpose(-1, -2) @ q * s
+        if bug == "dk_is_dv":
+            dk = dv.clone()
+        if bug == "dq_zero":           # dq = torch.zeros_like(q); dq + ... never assigned
+            dq = torch.zeros_like(q)
+        if bug == "dk_twice":
+            dk = dk + dk
+        if bug == "some_cases" and D == 32:     # nothing a case property explains
+            dq, dk, dv = dq + 0.01 * q, dk + 0.01 * k, dv + 0.01 * v
+        return dq, dk, dv
+    return attention_backward
+
+
+def test_backward_with_lse_correct_passes():
+    assert_clean(run_checker(check.attention_backward, make_backward_lse()))
+
+
+@pytest.mark.parametrize("bug, hint, phrase", [
+    ("ds_precedence", "ds_precedence", "match that computation"),
+    ("exp_minus_lse", "exp_minus_lse", "match that computation"),
+    ("plus_inf", "nan", "+inf (the minus sign forgotten)"),
+    ("scale_value", "scale_value", "match that computation"),
+    ("dk_is_dv", "equals_output", "dK equals your dV"),
+    ("dq_zero", "output_zero", "dQ exactly 0"),
+    ("dk_twice", "factor", "yours / reference = 2 (= 2)"),
+    ("lengths_mixed", "lengths_mixed", "S_q != S_k"),
+    ("some_cases", "pattern", "cosine with the reference"),
+])
+def test_generic_diagnoses_backward(bug, hint, phrase):
+    r = run_checker(check.attention_backward, make_backward_lse(bug))
+    assert_hint(r, hint)
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+@pytest.mark.parametrize("bug, hint", [("exp_minus_lse", "exp_minus_lse"), ("plus_inf", "mask_plus_inf")])
+def test_generic_diagnoses_rebuild_p(bug, hint):
+    def rebuild_p(q, k, lse, causal, scale):
+        S = q @ k.transpose(-1, -2) * scale
+        if causal:
+            S = S.masked_fill(~causal_mask(S.shape[-2], S.shape[-1], S.device),
+                              float("inf") if bug == "plus_inf" else float("-inf"))
+        return torch.exp(S) - lse[..., None] if bug == "exp_minus_lse" else torch.exp(S - lse[..., None])
+    assert_hint(run_checker(check.rebuild_p, rebuild_p), hint)
+
+
+def test_alpha_on_the_new_block_is_named():
+    def online_softmax(q, k, v, causal, scale, block_n):
+        B, H, S_q, D = q.shape
+        m = torch.full((B, H, S_q, 1), float("-inf"))
+        l, acc = torch.zeros((B, H, S_q, 1)), torch.zeros((B, H, S_q, D))
+        rows = torch.arange(S_q)[:, None]
+        for start in range(0, k.shape[2], block_n):
+            kb, vb = k[:, :, start:start + block_n].float(), v[:, :, start:start + block_n].float()
+            s = q.float() @ kb.transpose(-1, -2) * scale
+            if causal:
+                s = s.masked_fill(torch.arange(start, start + kb.shape[2])[None, :] > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            l = l + alpha * p.sum(-1, keepdim=True)          # alpha on the new term
+            acc = acc + alpha * (p @ vb)
+            m = m_new
+        return (acc / l).to(q.dtype), (m + torch.log(l)).squeeze(-1)
+    assert_hint(run_checker(check.online_softmax, online_softmax), "online_alpha_on_new")
+
+
+def _function(bug):
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o, lse = flashattn.attention_forward(q, k, v, causal, scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            delta = flashattn.attention_backward_delta(o, do)
+            dq = flashattn.attention_backward_dq(q, k, v, do, lse, delta, ctx.causal, ctx.scale)
+            dk, dv = flashattn.attention_backward_dkdv(q, k, v, o if bug == "o_for_do" else do, lse, delta,
+                                                       ctx.causal, ctx.scale)
+            if bug == "guard_inverted":
+                dq, dk, dv = (None if ctx.needs_input_grad[i] else g for i, g in enumerate((dq, dk, dv)))
+            return dq, dk, dv, None, None
+
+    def attention(q, k, v, causal=False, scale=None):
+        if bug == "scale_value" or scale is None:
+            scale = 1.0 / q.shape[-1] if bug == "scale_value" else 1.0 / q.shape[-1] ** 0.5
+        return Attention.apply(q, k, v, causal, scale)
+    return attention
+
+
+@pytest.mark.parametrize("bug, hint, phrase", [
+    ("o_for_do", "wrong_argument", "the dK/dV call computes when given O in place of dO"),
+    ("guard_inverted", "none_gradient", "the guard is inverted"),
+    ("scale_value", "scale_value", "match that computation"),
+])
+def test_generic_diagnoses_autograd(bug, hint, phrase):
+    r = run_checker(check.autograd_function, _function(bug))
+    assert_hint(r, hint)
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def _lazy(bug):
+    def lazy_backward_one_head(q, k, v, bias, tau, do, scale):
+        from flashattn.lazy.reference import lazy_attention_reference
+        L, W = q.shape[0], bias.shape[0] - 1
+        parts = lazy_attention_reference(q[None], k[None], v[None], bias[None], tau.reshape(1), scale=scale,
+                                         dtype=None, return_parts=True)
+        P, A = parts.P[0], parts.A[0]
+        i = torch.arange(L)
+        causal = i[None, :] <= i[:, None]
+        dv = A.T @ do
+        dA = do @ v.T
+        dP = dA * (causal & (P + (tau / (i + 1))[:, None] > 0))
+        delta = (P * dP).sum(-1, keepdim=True)
+        dS = P * ((dA if bug == "ds_from_da" else dP) - delta)
+        dbias = torch.stack([torch.diagonal(dS, offset=-d).sum() if d < L else dS.new_zeros(()) for d in range(W + 1)])
+        dtau = (dP / (i + 1)).sum() if bug == "dtau_broadcast" else (dP.sum(-1) / (i + 1)).sum()
+        return dS @ k * scale, dS.T @ q * scale, dv, dbias, dtau
+    return lazy_backward_one_head
+
+
+def test_lazy_generic():
+    assert_clean(run_checker(check.lazy_backward, _lazy(None)))
+    assert_hint(run_checker(check.lazy_backward, _lazy("ds_from_da")), "lazy_ds_from_da")
+    assert_hint(run_checker(check.lazy_backward, _lazy("dtau_broadcast")), "lazy_dtau_broadcast")
+
+
+def test_first_block_only_is_named():
+    """Every output right in its first 32 rows (keys), wrong after: the later blocks' offsets."""
+    right = make_backward_lse()
+
+    def later_blocks_off(*args):
+        grads = [g.clone() for g in right(*args)]
+        for g in grads:
+            g[..., 32:, :] *= 1.5
+        return tuple(grads)
+    r = run_checker(check.attention_backward, later_blocks_off)
+    assert_hint(r, "first_block_only")
+    assert "rows 0-31 right" in r.diagnosis(), r.diagnosis()

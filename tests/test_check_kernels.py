@@ -362,3 +362,63 @@ def test_lengths_swapped_from_a_gpus_evidence(gpu_evidence):
     r = run_checker(check.dq_kernel, launch_dq_lengths_swapped)
     assert_hint(r, "lengths_swapped")
     assert "written past their end" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+# --------------------------------------------------------------------------------------
+# generic diagnoses: the structure of the outputs, one tensor in another's place, slips
+# --------------------------------------------------------------------------------------
+GENERIC_BUGS = {
+    "dq.dp_from_q": (check.dq_kernel, "wrong_argument", "Q in place of dO in dP = dO V^T"),
+    "dq.ds_precedence": (check.dq_kernel, "ds_precedence", "match that computation"),
+    "dq.exp_minus_lse": (check.dq_kernel, "exp_minus_lse", "match that computation"),
+    "dkdv.ds_precedence": (check.dkdv_kernel, "ds_precedence", "match that computation"),
+    "dkdv.dk_stored_to_dv": (check.dkdv_kernel, "never_stored", "dK never written, in any element"),
+    "dkdv.dv_stored_to_dk": (check.dkdv_kernel, "never_stored", "dK holds the right dV instead"),
+    "dkdv.dk_holds_dv": (check.dkdv_kernel, "equals_output", "dK equals your dV"),
+}
+
+
+@pytest.mark.parametrize("bug", list(GENERIC_BUGS))
+def test_generic_diagnoses_kernels(bug):
+    checker, hint, phrase = GENERIC_BUGS[bug]
+    with planted.plant(bug):
+        r = run_checker(checker, launch_dq_direct if checker is check.dq_kernel else launch_dkdv_direct)
+    assert_hint(r, hint)
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_kv_head_modulo_group_is_named():
+    """h % GROUP_SIZE: every head reads K/V head 0 without GQA, heads 0, 1, 0, 1 with a group of 2,
+    and past the end of K/V with a group of 3 (the package's launcher passes GROUP_SIZE)."""
+    with planted.plant("dq.kv_head_mod_group"):
+        r = run_checker(check.dq_kernel, launch_dq, gqa=True)
+    assert_hint(r, "kv_head")
+    assert "it fits h_kv = h % GROUP_SIZE" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_group_loop_stopping_early_is_named():
+    """range(GROUP_SIZE - 1): dK = dV = 0 without GQA, part of each group with it."""
+    with planted.plant("dkdv.group_loop_short"):
+        r = run_checker(check.dkdv_kernel, launch_dkdv_direct, gqa=True)
+    assert_hint(r, "output_zero")
+    assert "of each group of 2 only" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_dkdv_grid_sized_by_s_q_is_named():
+    def launch(q, k, v, do, lse, delta, dk, dv, causal, scale):
+        B, H, S_q, D = q.shape
+        H_kv = k.shape[1]
+        backward.attn_bwd_dkdv_kernel[(triton.cdiv(S_q, BLOCK), B * H_kv)](      # cdiv(S_k, ...) belongs
+            q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+            *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(), H_kv, H // H_kv, S_q, k.shape[2], D,
+            scale, **_common(q, k, scale, causal))
+    r = run_checker(check.dkdv_kernel, launch)
+    assert_hint(r, "grid_length")
+    assert "a grid of cdiv(S_q, 32) blocks" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_dq_loop_on_the_first_key_block_is_named():
+    """Every iteration loads key block 0 (offsets not from the loop variable): key_blocks."""
+    with planted.plant("dq.same_key_tile"):
+        r = run_checker(check.dq_kernel, launch_dq_direct)
+    assert_hint(r, "key_blocks")

@@ -28,7 +28,8 @@ The checkers and what they call
 
 Inputs are float32 (the PyTorch exercises), or float32 on the CPU and float16 on a GPU (the
 kernels), with one case in float16 everywhere (outputs must come back in the inputs' dtype);
-``dtype=`` runs every case in that dtype instead. ``scale`` is always a float (never None);
+``dtype=`` runs every case in that dtype instead. ``scale`` is a float (never None), except in
+one case of :func:`autograd_function`, whose function takes ``scale=None`` like SDPA;
 ``causal`` a bool.
 """
 from __future__ import annotations
@@ -118,6 +119,8 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 "lse_divided": {"P": torch.exp(ref.S) / ref.LSE[..., None]},
                 "lse_added": {"P": torch.exp(ref.S + lse)},
                 "scale_on_difference": {"P": torch.exp((raw - lse) * case.scale_value).masked_fill(hidden, 0.0)},
+                "exp_minus_lse:unmasked": {"P": torch.exp(ref.S) - lse},
+                "exp_minus_lse:masked": {"P": (torch.exp(ref.S) - lse).masked_fill(hidden, 0.0)},
                 **mask_variants(case, x, "rebuild_p")}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,
@@ -233,13 +236,15 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
     scale)``). The checker makes q, k, v leaves that require grad (in one case only q does),
     runs ``fn`` and ``torch.autograd.grad`` with a dO that may be strided, or calls
     ``o.sum().backward()`` (autograd then hands backward a dO of stride 0), and compares O,
-    dQ, dK, dV with the float64 reference.
+    dQ, dK, dV with the float64 reference. One case passes ``scale=None`` (like SDPA: the
+    default 1/sqrt(D)); the others a float.
     """
     names = {"q": "dQ", "k": "dK", "v": "dV"}
 
     def run_case(case, x):
         leaves = {n: t.detach().requires_grad_(n in case.requires) for n, t in (("q", x.q), ("k", x.k), ("v", x.v))}
-        o = fn(leaves["q"], leaves["k"], leaves["v"], causal=case.causal, scale=case.scale_value)
+        scale = None if case.scale_none else case.scale_value
+        o = fn(leaves["q"], leaves["k"], leaves["v"], causal=case.causal, scale=scale)
         if not isinstance(o, torch.Tensor):
             raise ShapeError(f"fn must return the output tensor, got {type(o).__name__}")
         wanted = [n for n in "qkv" if n in case.requires]
@@ -264,10 +269,13 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
             raise
         outs = {"O": o.detach()}
         refs = {"O": x.ref.O, "dQ": x.ref.dQ, "dK": x.ref.dK, "dV": x.ref.dV}
-        for n, g in zip(wanted, grads):
-            if g is None:
-                raise NoGradient(f"no gradient reached {n}: backward returned None for it")
-            outs[names[n]] = g
+        missing = [n for n, g in zip(wanted, grads) if g is None]
+        if missing:
+            e = NoGradient(f"no gradient reached {', '.join(missing)}: backward returned None for "
+                           f"{'it' if len(missing) == 1 else 'them'}")
+            e.missing = missing
+            raise e
+        outs.update({names[n]: g for n, g in zip(wanted, grads)})
         return outs, refs, {}
 
     return run_battery("check.autograd_function", fn, _with_gqa(cases or AUTOGRAD_BATTERY, gqa),

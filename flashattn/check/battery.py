@@ -54,6 +54,7 @@ class Case:
     block_n: Optional[int] = None
     requires: str = "qkv"
     dtype: Optional[torch.dtype] = None      # overrides the checker's dtype for this case
+    scale_none: bool = False                 # autograd: call fn(..., scale=None), the default scale
 
     @property
     def heads_kv(self) -> int:
@@ -151,6 +152,8 @@ AUTOGRAD_BATTERY: tuple[Case, ...] = (
        layout=("bshd", "sliced", "padded_heads"), do_layout="sum"),
     _c("custom scale, strided dO", 1, 2, 32, 24, 16, False, scale=0.3, do_layout="sliced"),
     _c("only q needs grad", 1, 2, 24, 24, 32, False, requires="q"),
+    # scale=None, as SDPA allows: the default 1/sqrt(D) must be filled in (not 1/D, not 1)
+    _c("scale=None (default)", 1, 2, 24, 24, 32, True, scale_none=True),
 )
 
 

@@ -177,6 +177,8 @@ _fp("lazy_delta", "delta = rowsum(dO * O) does not hold for lazy attention",
 def _lazy_gate(ctx):
     if [n for n in ctx.names if ctx.wrong_in(n)] == ["dTau"]:      # dTau's own rules speak
         return None
+    if ctx.failing and all("lazy_ds_from_da" in r.fingerprints for r in ctx.failing):
+        return None                                                 # dS from dA: its own rule speaks
     if ctx.failing and all("lazy_gate" in r.fingerprints for r in ctx.failing):
         return f"your outputs match dP = dA without the gate exactly; {ctx.tensor_pattern()}"
     for sign, label in ((1, "tau > 0"), (-1, "tau < 0")):
@@ -207,6 +209,31 @@ for _id, _title, _idea in [
     _fp(_id, _title, _idea, kinds=("lazy",))
 
 
+_fp("ds_precedence", "dS = P * dP - delta: the parentheses are missing",
+    "delta is subtracted from dP *before* the product with P: dS = P * (dP - delta). Without the "
+    "parentheses the product binds first, and every key -- hidden ones too -- gets -delta.",
+    kinds=("backward", "dq", "dkdv"))
+_fp("exp_minus_lse", "P = exp(S) - LSE: the LSE is subtracted outside the exponential",
+    "The LSE divides: P = exp(S) / exp(LSE) = exp(S - LSE), the subtraction *inside* the "
+    "exponential.", kinds=("backward", "dq", "dkdv", "rebuild_p"))
+_fp("scale_value", "the scale used is not the one given (1/D, or 1)",
+    "Use the `scale` argument everywhere (the scores and the factor in dQ and dK); when it has to "
+    "be defaulted, the default is 1/sqrt(D), not 1/D. The evidence's computation used another value.",
+    kinds=("backward", "dq", "dkdv", "autograd"))
+_fp("online_alpha_on_new", "alpha multiplies the new block instead of the running sums",
+    "alpha = exp(m_old - m_new) rescales what was accumulated *before* the maximum changed: "
+    "l = l * alpha + rowsum(p), acc = acc * alpha + p V. Applied to the new block instead, the "
+    "first block (where alpha = 0) is lost and one-block rows divide 0 by 0.", kinds=("online_softmax",))
+_fp("lazy_ds_from_da", "dS is built from dA where dP = dA * gate belongs",
+    "The softmax's Jacobian acts on the gradient that reaches P: dP = dA * gate (the ReLU's gate, "
+    "causal entries only), then dS = P * (dP - delta). dA is the gradient of A, one step earlier.",
+    kinds=("lazy",))
+_fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query row's",
+    "tau/(i+1) belongs to query row i: divide each *row* of dP by i + 1 (a column vector, "
+    "one value per row). A vector of length L broadcasts along the last axis, dividing column j "
+    "by j + 1 instead.", kinds=("lazy",))
+
+
 @rule("accumulate", "only the last block's contribution survives: accumulate, don't overwrite",
       "A program sums its output over every block it visits: dQ over the key blocks, dK and dV "
       "over the query blocks. `acc += tl.dot(...)` inside the loop, one store after it; `acc = ...` "
@@ -228,3 +255,27 @@ _fp("overcount", "too large by whole factors: several threads add the same value
     "should step by the number of threads sharing the work, or that ignores the thread's own "
     "index. The factor follows the block shape. Give each thread unique indices: every output "
     "element owned by exactly one thread, which accumulates it and stores it once.")
+
+
+@rule("wrong_argument", "one tensor is used in another's place",
+      "Your outputs equal the backward computed with one tensor replaced by another of the same "
+      "shape -- in one product, or as one argument of a call (named in the evidence). Each "
+      "product has fixed operands: S = Q K^T * scale, dP = dO V^T, dQ = dS K * scale, dK = dS^T Q "
+      "* scale, dV = P^T dO; compare each call with the signature, argument by argument.",
+      kinds=("backward", "dq", "dkdv", "autograd"))
+def _wrong_argument(ctx):
+    from .substitutions import possible
+    labels = {f for r in ctx.failing for f in r.fingerprints if f.startswith("subst:")}
+    best = None
+    for label in sorted(labels):
+        where = [r for r in ctx.failing if possible(r.case, label[6:])]
+        hits = [r for r in where if label in r.fingerprints]
+        # every failing case where the swap can happen matches it (elsewhere shapes differ, so
+        # the same code may do anything there), and at least two do
+        if len(hits) >= 2 and len(hits) == len(where) and (best is None or len(hits) > best[0]):
+            best = (len(hits), label[6:], len(ctx.failing) - len(where))
+    if best is None:
+        return None
+    n, label, other = best
+    rest = f" (in the other {other} the two tensors' shapes differ)" if other else ""
+    return f"yours: {label}, exactly, in {n} of {len(ctx.failing)} failing cases{rest}; {ctx.tensor_pattern()}"

@@ -32,6 +32,7 @@ class TensorResult:
     unwritten: int = 0         # elements still holding the poison
     guard_touched: int = 0     # elements written past the end of the output
     actual: Optional[torch.Tensor] = None   # float64 copy on the CPU, for the fingerprints
+    cosine: float = math.nan   # (a . e) / (|a| |e|): 1 when only the size is off
 
     @property
     def worst(self) -> float:
@@ -83,10 +84,11 @@ def compare(name: str, actual, expected, tol: float, guard_touched: int = 0) -> 
         ee = float((e * e).sum())
         ratio = float((a * e).sum()) / ee if ee > 0 else math.nan
         resid = float((a - ratio * e).norm()) / max(abs(ratio) * math.sqrt(ee), tiny)
+        cosine = float((a * e).sum()) / max(float(a.norm()) * math.sqrt(ee), tiny)
     else:
-        ratio, resid = math.nan, math.inf
+        ratio, resid, cosine = math.nan, math.inf, math.nan
     return TensorResult(name, rel, per_head, row_err, tol, finite, ratio, resid, unwritten,
-                        guard_touched, a)
+                        guard_touched, a, cosine)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class CaseResult:
     launches: Optional[int] = None                   # kernels the launcher started (kernel checkers)
     oob_reads: Optional[list] = None                 # inputs whose guard memory a load returned
     wild: Optional[dict] = None                      # loads/stores outside every tensor, dropped
+    structure: dict = field(default_factory=dict)    # output -> structural facts (structure.py)
 
     @property
     def ok(self) -> bool:

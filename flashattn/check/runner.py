@@ -20,7 +20,7 @@ import torch
 
 from .. import runtime
 from ..verify import tolerance
-from . import fingerprints
+from . import fingerprints, structure, substitutions
 from .battery import GUARDED, guard_bits, make_inputs
 from .diagnose import DtypeError, ShapeError, diagnose
 from .origin import describe_origin
@@ -327,6 +327,11 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                         raise ShapeError(str(e)) from None
                 if not res.ok and variants is not None:
                     res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol)
+                if not res.ok:
+                    # the class of mistake, whatever the edit: zeros, equalities, factors, swaps
+                    res.structure = structure.facts(case, x, res.tensors, expected, case_tol, kind)
+                    res.fingerprints |= substitutions.matching(case, x, kind, res.tensors, case_tol,
+                                                               fingerprints._matches)
                 if any(not t.ok and fingerprints.overcounted(outs[n], expected[n], case_tol)
                        for n, t in res.tensors.items()):
                     res.fingerprints.add("overcount")

@@ -1,0 +1,230 @@
+"""The rules tried after the constant factors (registered by :mod:`flashattn.check.rules` at
+this point of the order): heads, which outputs are wrong, which cases are wrong, and last what
+was seen. The first that fits names the mistake."""
+from __future__ import annotations
+
+from .diagnose import _ranges, rule
+from .structure_rules import add as add_structure_rules
+from .structure_rules import seen_facts
+
+# a constant factor not tied to the scale alone (2, GROUP_SIZE, sqrt(D), ...)
+add_structure_rules("factor")
+
+
+@rule("heads", "only some (batch, head) pairs are right: the offset of the later heads is wrong",
+      "Head 0 (or batch 0) is right and the others are not, so some tensor's pointer is not moved "
+      "to the right head: the head offset (h * that tensor's own head stride) is missing, uses "
+      "another tensor's stride, or the wrong head index. Every tensor gets its own offset; the bug "
+      "hides when all tensors share one layout, which is why the cases mix layouts.",
+      kinds=("backward", "dq", "dkdv", "autograd", "rebuild_p", "online_softmax"))
+def _heads(ctx):
+    seen = []
+    for r, t in ctx.bad_tensors():
+        ok = t.heads_ok
+        if ok.numel() < 2:
+            continue
+        if not bool(ok.any()):
+            return None
+        seen.append((r, t))
+    if not seen:
+        return None
+    r, t = seen[0]
+    per = ", ".join(f"({b},{h}) {'ok' if t.heads_ok[b, h] else f'{float(t.per_head[b, h]):.0e}'}"
+                    for b in range(t.per_head.shape[0]) for h in range(t.per_head.shape[1]))
+    return f"case '{r.case.name}', {t.name} per (batch, head): {per}"
+
+
+def _pattern_rule(prop_ids, kinds=None, exact: bool = True):
+    def test(ctx):
+        if kinds is not None and ctx.kind not in kinds:
+            return None
+        p = ctx.pattern
+        base = p.id.split("&")[0] if p is not None else ""
+        if p is None or not any(base == i or (i.endswith("*") and base.startswith(i[:-1])) for i in prop_ids):
+            return None
+        if exact and not ctx.exact:
+            return None
+        return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}"
+    return test
+
+
+rule("default_scale", "the scale you were given is not the one used",
+     "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
+     "argument (when rebuilding S, or for the factor in dQ / dK).")(_pattern_rule(["custom_scale"]))
+
+
+# --------------------------------------------------------------------------------------
+# which outputs are wrong
+# --------------------------------------------------------------------------------------
+@rule("dv_formula", "only dV is wrong: dV = P^T dO, check its formula or a transpose",
+      "dK and dQ need P too, and they are right, so P is right. dV = P^T dO: each key's row sums "
+      "P[i, j] * dO[i] over the query rows i -- in a key-block program, the transposed tile P^T "
+      "times the dO tile.")
+def _dv_formula(ctx):
+    if ctx.wrong_in("dV") and all(ctx.right_everywhere(n) for n in ("dK", "dQ") if n in ctx.names) \
+            and any(n in ctx.names for n in ("dK", "dQ")):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("dq_formula", "only dQ is wrong: dQ = dS K * scale",
+      "dK and dV are right, so P and dS are right: what is left is dQ's own product -- dS times K "
+      "(not K^T, not dS^T), one factor of scale -- and where it is accumulated and stored.")
+def _dq_formula(ctx):
+    if ctx.wrong_in("dQ") and all(ctx.right_everywhere(n) for n in ("dK", "dV") if n in ctx.names) \
+            and any(n in ctx.names for n in ("dK", "dV")):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("ds", "dV is right but dK / dQ are wrong: delta or dS is wrong",
+      "dV = P^T dO needs only P, so P is fine. dK and dQ go through dS = P * (dP - delta) with "
+      "dP = dO V^T and delta = rowsum(dO * O) (one number per query row). Check dP, the "
+      "subtraction of delta and its broadcasting (one value per row).")
+def _ds(ctx):
+    if "dV" in ctx.names and ctx.right_everywhere("dV") and \
+            all(ctx.wrong_in(n) for n in ("dK", "dQ") if n in ctx.names) and \
+            any(n in ctx.names for n in ("dK", "dQ")):         # dS feeds both: both wrong
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("lse_output", "O is right but LSE is wrong",
+      "LSE must be the natural log of the row's sum of exp(S): with the running maximum m and the "
+      "running sum l of exp(S - m), LSE = m + log(l).", kinds=("online_softmax",))
+def _lse_output(ctx):
+    if "O" in ctx.names and ctx.right_everywhere("O") and ctx.wrong_in("LSE"):
+        return ctx.tensor_pattern()
+    return None
+
+
+@rule("one_output", "only one output is wrong, in every case: its own formula",
+      "Every other output is right in every case, so everything they share (the inputs, P, dS, "
+      "the masks) is right too: what is left is the formula of this one output, its operands, "
+      "its accumulation and its store.")
+def _one_output(ctx):
+    wrong = [n for n in ctx.names if ctx.wrong_in(n)]
+    if len(ctx.names) > 1 and len(wrong) == 1 and len(ctx.wrong_in(wrong[0])) == len(ctx.results) and \
+            all(ctx.right_everywhere(n) for n in ctx.names if n != wrong[0]):
+        return f"only {wrong[0]} is wrong; {ctx.tensor_pattern()}"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# which cases are wrong
+# --------------------------------------------------------------------------------------
+@rule("causal_global_index", "the causal mask compares positions inside the block, not global ones",
+      "Wrong exactly where a causal mask meets several blocks: the mask must compare the global "
+      "key position (the block's start plus the offset inside it) with the global query position. "
+      "Within the first block the two coincide, which is why one-block cases pass.")
+def _causal_global_index(ctx):
+    p = ctx.pattern
+    if p is None or not ctx.exact or not p.id.endswith("&causal"):
+        return None
+    base = p.id.split("&")[0]
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if base.startswith(("multi_", "multi_block")) else None
+
+
+rule("causal", "only causal cases are wrong: the mask is on the wrong quantity or the wrong keys",
+     "Hidden keys (j > i) must get P = 0, which the softmax gives when S = -inf *before* it. "
+     "Setting S = 0 gives exp(0) = 1; zeroing P *after* a softmax leaves rows that no longer sum "
+     "to 1 (only when P is rebuilt from the forward's LSE is zeroing it afterwards right). The "
+     "loop bounds must still visit every visible key. Under a causal mask row 0 of dQ is zero "
+     "(row 0 sees one key); if the function under test is your *reference*, test the test.",
+     )(_pattern_rule(["causal"], exact=False))
+
+rule("rescale", "wrong only when the keys come in several blocks: running sums not rescaled",
+     "When the running maximum grows from m_old to m_new, everything accumulated so far (the sum "
+     "l and the output accumulator) must be multiplied by exp(m_old - m_new) before the new "
+     "block is added.", )(_pattern_rule(["multi_block"], kinds=("online_softmax",)))
+
+rule("rows_bound", "a bound or mask on the query rows uses S_k",
+     "Wrong exactly where there are more query rows than keys: rows past S_k are never visited, "
+     "or masked away, because a loop bound or a row mask uses S_k where S_q belongs.",
+     )(_pattern_rule(["sq_gt_sk"], exact=False))
+
+rule("keys_bound", "a bound or mask on the keys uses S_q",
+     "Wrong exactly where there are more keys than query rows: keys past S_q are never visited, "
+     "or masked away, because a loop bound or a key mask uses S_q where S_k belongs.",
+     )(_pattern_rule(["sq_lt_sk"], exact=False))
+
+rule("lengths_mixed", "S_q and S_k are mixed up somewhere",
+     "Wrong only where S_q != S_k: a bound, mask or shape uses one length for the other.",
+     )(_pattern_rule(["sq_ne_sk"]))
+
+rule("query_blocks", "wrong only where S_q spans several query blocks: the loop over query blocks",
+     "A key-block program must visit every query block that sees its keys and add up their "
+     "contributions: each iteration loads the block it steps to (offsets from the loop variable, "
+     "not from the program id) and adds (+=) into dK, dV, stored once after the loop.",
+     kinds=("dkdv",))(_pattern_rule(["multi_q*"]))
+
+rule("key_blocks", "wrong only where S_k spans several key blocks: the loop over key blocks",
+     "A query-block program must visit every key block its rows see and add up their "
+     "contributions: each iteration loads the key block it steps to and adds (+=) into dQ, "
+     "stored once after the loop. (Under a causal mask the early query blocks see one key block "
+     "only, which is why some of these cases may pass.)", kinds=("dq",))(_pattern_rule(["multi_k*"], exact=False))
+
+rule("padding", "only lengths that are not block multiples are wrong: the partial last block",
+     "Rows and keys past S_q / S_k must be masked in every load and get P = 0, and the loops "
+     "and the grid must cover the partial last block.")(_pattern_rule(["ragged*"], exact=False))
+
+rule("do_strides", "only the cases with an unusual dO are wrong: dO's own strides",
+     "dO arrives as autograd makes it: contiguous, a strided view, or one number expanded to the "
+     "whole shape (every stride 0, after out.sum()). Offset dO with its own four strides, "
+     "never assume it is contiguous, never copy another tensor's strides.",
+     )(_pattern_rule(["do_stride0", "do_strided"]))
+
+rule("strides", "only non-contiguous inputs are wrong: offsets computed from shapes, not strides",
+     "Contiguous inputs pass, strided ones (transposed [B, S, H, D] views, slices) fail. Pass "
+     "every tensor's own .stride() to the kernel and use it for every offset, including the last "
+     "dimension's stride.")(_pattern_rule(["strided", "qkv_strided"], exact=False))
+
+
+_EVERYTHING_IDEAS = {
+    "rebuild_p": "P = exp(S - LSE) with S = Q K^T * scale (masked like the forward) and the "
+                 "forward's natural-log LSE, one value per query row. Check the scores, the exponent "
+                 "and the LSE's broadcasting.",
+    "online_softmax": "Check the scores (the scale, the mask), the running maximum, alpha = "
+                      "exp(m_old - m_new), p = exp(s - m_new), the sums, O = acc / l and LSE = m + log(l).",
+    "dq": "The checker sees only dQ here, so it cannot tell which step is wrong. Check, in order: "
+          "the scores (scale, mask), P = exp(S - LSE), dP = dO V^T, delta, dS = P (dP - delta), "
+          "dQ = dS K * scale -- and which pointer each load reads.",
+}
+
+
+add_structure_rules("first_block_only")
+
+
+_EVERYTHING_IDEA = ("No known mistake matches these outputs exactly, and nothing sets some cases apart: "
+                    "the mistake is in a step every case goes through. Check, in order: the scores S = Q K^T "
+                    "* scale (same scale, same mask as the forward), P = exp(S - LSE) with the forward's "
+                    "natural-log LSE (one value per query row), dP = dO V^T, delta, dS = P * (dP - delta), "
+                    "then each gradient's product. The evidence's cosine says how far off the direction "
+                    "is (1: only the size), the factor how far off the size.")
+
+
+@rule("everything_wrong", "every case and every head is wrong, with no known pattern", _EVERYTHING_IDEA)
+def _everything_wrong(ctx):
+    if ctx.failing and len(ctx.failing) == len(ctx.results) and \
+            all(not bool(t.heads_ok.any()) for r in ctx.failing for t in r.bad()):
+        evidence = f"{ctx.tensor_pattern()}; {seen_facts(ctx)}"
+        if ctx.kind in _EVERYTHING_IDEAS:
+            return evidence, "No known mistake matches these outputs exactly. " + _EVERYTHING_IDEAS[ctx.kind]
+        return evidence
+    return None
+
+
+@rule("pattern", "no classic mistake fits; here is the pattern that was seen",
+      "Compare the failing and the passing cases in the table: what do the failing ones share, "
+      "which outputs are wrong, and in which rows?")
+def _pattern(ctx):
+    if not ctx.failing:
+        return None
+    r = ctx.failing[0]
+    t = r.bad()[0] if r.bad() else None
+    rows = ""
+    if t is not None and t.row_err.numel() > 1:
+        what = "keys" if t.name in ("dK", "dV") else "rows"
+        rows = f"; in '{r.case.name}', {t.name}: wrong {what} {_ranges(t.bad_rows())} of 0-{t.row_err.numel() - 1}"
+    facts = seen_facts(ctx)
+    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}{rows}" + (f"; {facts}" if facts else "")

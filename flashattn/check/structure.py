@@ -1,0 +1,174 @@
+"""Facts about the *structure* of a wrong output, whatever edit made it wrong.
+
+The fingerprints compare an output with known wrong formulas one by one. These facts hold for
+whole classes of mistakes instead, so an edit nobody listed still gets named by what it did:
+
+* ``zero``: the output is exactly 0 (every element, or every element of some heads) -- nothing
+  was ever accumulated into it, or the freshly zeroed accumulator was stored;
+* ``equals``: it equals (to rounding) another output, another output's right value, or an
+  input -- a variable or pointer mixed up;
+* ``factor``: it is the right answer times a constant, and which constant (scale, sqrt(D), 2,
+  the GQA group size, ...);
+* ``first_rows``: only the first block of rows (keys) is right -- the loop or the offsets of
+  the later blocks;
+* ``kv_heads``: (dQ) each query head's values are those of another K/V head -- the head index;
+* ``group``: (dK, dV under GQA) the sum over only some query heads of each group.
+
+:func:`facts` measures them for one failing case; ``structure_rules.py`` turns them into
+diagnoses.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+from ..verify import per_head_relative_error
+from .battery import BLOCKS
+
+_INPUT_LABELS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "o": "O"}
+
+
+def _close(a: torch.Tensor, e: torch.Tensor, tol: float) -> bool:
+    if a is None or e is None or a.shape != e.shape or not bool(torch.isfinite(a).all()):
+        return False
+    e = e.to("cpu", torch.float64)
+    if float(e.abs().max()) == 0.0:
+        return float(a.abs().max()) == 0.0
+    a3, e3 = (a, e) if a.dim() >= 3 else (a.reshape(1, 1, -1), e.reshape(1, 1, -1))
+    return float(per_head_relative_error(a3, e3).max()) <= max(tol, 1e-6) * 10
+
+
+def factor_names(case, ratio: float) -> list:
+    """The constants ``ratio`` equals (to 1%), named: '-1', 'scale', '1/sqrt(D)', '2', ..."""
+    s, D, G = case.scale_value, case.D, max(1, case.H // max(1, case.heads_kv))
+    named = [("-1", -1.0), ("2", 2.0), ("1/2", 0.5), ("scale", s), ("1/scale", 1 / s), ("scale^2", s * s),
+             ("sqrt(D)", math.sqrt(D)), ("1/sqrt(D)", 1 / math.sqrt(D)), ("D", float(D)), ("1/D", 1.0 / D),
+             ("sqrt(D) * scale", math.sqrt(D) * s), ("1 / (sqrt(D) * scale)", 1 / (math.sqrt(D) * s))]
+    if G > 1:
+        named += [("GROUP_SIZE", float(G)), ("1/GROUP_SIZE", 1.0 / G)]
+    return [n for n, v in named if abs(ratio / v - 1.0) < 1e-2]
+
+
+def _zero_heads(a: torch.Tensor, e: torch.Tensor) -> list:
+    """Flat (batch, head) indices where ``a`` is all 0 and the reference is not."""
+    if a.dim() != 4:
+        return []
+    az = a.flatten(2).abs().amax(-1).flatten() == 0
+    ez = e.to(torch.float64).flatten(2).abs().amax(-1).flatten() > 0
+    return [int(i) for i in torch.nonzero(az & ez).flatten()]
+
+
+def _first_rows(t) -> int:
+    """The block b such that rows (keys) below b are right and some at or past b are wrong, 0 if
+    none (the largest such block, so 'the first 64' wins over 'the first 32' when both hold)."""
+    rows = t.row_err
+    if rows.dim() != 1 or rows.numel() < 2:
+        return 0
+    bad = rows > t.tol
+    for b in sorted(BLOCKS, reverse=True):
+        if b < rows.numel() and not bool(bad[:b].any()) and bool(bad[b:].any()):
+            return b
+    return 0
+
+
+def _kv_head_map(case, x, actual: torch.Tensor, tol: float):
+    """[(b, h) -> K/V head m] such that query head h's dQ equals the dQ computed with K/V head m
+    (None where no head fits), for a dQ that reads K and V by head index."""
+    ref, s = x.ref, case.scale_value
+    q = x.q.to(torch.float64)
+    k, v = x.k.to(torch.float64), x.v.to(torch.float64)
+    visible = torch.isfinite(ref.S)
+    out = {}
+    for b in range(case.B):
+        for h in range(case.H):
+            found = None
+            for m in range(case.heads_kv):
+                S = q[b, h] @ k[b, m].T * s
+                P = torch.where(visible[b, h], torch.exp(S - ref.LSE[b, h][:, None]), 0.0)
+                dS = P * (ref.dO[b, h] @ v[b, m].T - ref.delta[b, h][:, None])
+                if _close(actual[b, h][None, None], (dS @ k[b, m] * s)[None, None], tol):
+                    found = m
+                    break
+            out[(b, h)] = found
+    return out
+
+
+def _group_subsets(case, x, name: str, actual: torch.Tensor, tol: float):
+    """Under GQA: for each (b, h_kv), the subset of its group's query heads whose contributions
+    add up to ``actual`` (dK or dV), or None."""
+    ref, s = x.ref, case.scale_value
+    H, Hk = case.H, case.heads_kv
+    G = H // Hk
+    if name == "dK":
+        parts = ref.dS.transpose(-1, -2) @ x.q.to(torch.float64) * s
+    else:
+        parts = ref.P.transpose(-1, -2) @ ref.dO
+    out = {}
+    for b in range(case.B):
+        for hk in range(Hk):
+            found = None
+            for n in range(G + 1):
+                for sub in itertools.combinations(range(G), n):
+                    total = sum((parts[b, hk * G + g] for g in sub), torch.zeros_like(parts[b, 0]))
+                    if _close(actual[b, hk][None, None], total[None, None], tol):
+                        found = sub
+                        break
+                if found is not None:
+                    break
+            out[(b, hk)] = found
+    return out
+
+
+def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict:
+    """output name -> {fact: value} for every wrong output of one case (see the module doc)."""
+    out = {}
+    inputs = {n: getattr(x, n, None) for n in _INPUT_LABELS}
+    for name, t in tensors.items():
+        if t.ok or t.actual is None or not t.finite:
+            continue
+        a, e = t.actual, expected[name].detach().to("cpu", torch.float64)
+        f = {}
+        if float(a.abs().max()) == 0.0 and float(e.abs().max()) > 0.0:
+            f["zero"] = True
+        else:
+            zh = _zero_heads(a, e)
+            if zh:
+                f["zero_heads"] = zh
+            equals = []
+            for other, u in tensors.items():
+                if other == name or u.actual is None:
+                    continue
+                if _close(a, u.actual, tol) and float(a.abs().max()) > 0:
+                    equals.append(f"your {other}")
+                elif _close(a, expected[other].detach().to("cpu", torch.float64), tol):
+                    equals.append(f"the right {other}")
+            for n, inp in inputs.items():
+                if isinstance(inp, torch.Tensor) and _close(a, inp.detach().to("cpu", torch.float64), tol):
+                    equals.append(_INPUT_LABELS[n])
+            if equals:
+                f["equals"] = equals
+            if math.isfinite(t.ratio) and t.ratio_resid < 1e-2 and abs(t.ratio - 1) > 2e-2:
+                f["factor"] = (t.ratio, factor_names(case, t.ratio))
+            b = _first_rows(t)
+            if b:
+                f["first_rows"] = b
+        backward = kind in ("backward", "dq", "autograd") and getattr(x, "ref", None) is not None \
+            and getattr(x.ref, "dS", None) is not None
+        if backward and name == "dQ" and "zero" not in f and not bool(t.heads_ok.all()):
+            m = _kv_head_map(case, x, a, tol)
+            if all(v is not None for v in m.values()):
+                f["kv_heads"] = m
+        if backward or kind == "dkdv":
+            if name in ("dK", "dV") and case.heads_kv != case.H and getattr(x.ref, "dS", None) is not None:
+                g = _group_subsets(case, x, name, a, tol)
+                if all(v is not None for v in g.values()):
+                    f["group"] = g
+        if f:
+            out[name] = f
+    return out
+
+
+def right_kv_head(case, h: int) -> int:
+    return h // (case.H // case.heads_kv)
