@@ -72,6 +72,7 @@ WINDOW_SLIPS = [
     ("    left, right = window\n    i =", "    right, left = window\n    i =", "window_swapped"),
     ("    if left >= 0:\n        seen &= j >= i - left", "    seen &= j >= i - left", "window_minus_one"),
     ("i = torch.arange(S_q)[:, None]", "i = torch.arange(S_q)[:, None] + S_k - S_q", "window_bottom_right"),
+    ("    if left >= 0:\n", "    if left > 0:\n", "window_zero_unlimited"),
 ]
 
 
@@ -106,6 +107,22 @@ BACKWARD_SLIPS = [
      "beyond_empty_rows"),
     ("dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)", "dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)\n"
      "        break", "sequences"),
+    ("delta = (do * o).sum(-1, keepdim=True)", "delta = (do * o).sum(-1, keepdim=True) / (1.0 - dropout_p)",
+     "delta_rescaled"),
+    ("z = keep.to(q.dtype) / (1.0 - dropout_p)", "z = keep.to(q.dtype) * (1.0 - dropout_p)", "rescale_inverted"),
+    ("z = keep.to(q.dtype) / (1.0 - dropout_p)", "z = keep.to(q.dtype) / (1.0 - dropout_p) ** 2", "rescale_twice"),
+    ("z = keep.to(q.dtype) / (1.0 - dropout_p)", "z = (~keep).to(q.dtype) / (1.0 - dropout_p)", "keep_inverted"),
+    ("P = P.masked_fill(~seen, 0.0)", "P = P.masked_fill(seen, 0.0)", "window_inverted"),
+    ("P = torch.exp(q @ k.transpose(-1, -2) * scale - lse[..., None])",
+     "P = torch.exp(q @ k.transpose(-1, -2) - lse[..., None])", "unscaled_scores"),
+    ("P = torch.exp(q @ k.transpose(-1, -2) * scale - lse[..., None])",
+     "P = torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1)", "softmax_then_mask"),
+    ("g = sequence_backward(", "scale = q.shape[-1] ** -0.5\n        g = sequence_backward(", "scale_ignored"),
+    ("for b in range(len(cu_q) - 1):", "for b in range(len(cu_q) - 2):", "last_sequence"),
+    ("keep = dropout_mask(seed, H, S_q, S_k, dropout_p, q.device, first_seq_head=b * H)",
+     "keep = dropout_mask(seed, H, cu_q[-1], cu_k[-1], dropout_p, q.device)[:, qs, ks]", "mask_sliced_from_whole"),
+    ("dv = (P * z).transpose(-1, -2) @ do", "dv = (P * keep.to(q.dtype) * (1.0 + dropout_p)).transpose(-1, -2) @ do",
+     "dropout_rescale"),     # 1 / (1 - p) "approximated" by 1 + p: no classic slip, a constant factor
 ]
 
 

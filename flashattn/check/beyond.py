@@ -54,6 +54,10 @@ def window_slips(S_q: int, S_k: int, window) -> dict:
     right_mask = visible(S_q, S_k, window)
     slips = {"window_swapped": visible(S_q, S_k, window[::-1]),
              "window_bottom_right": visible(S_q, S_k, window, shift=S_k - S_q)}
+    if window[0] == 0:           # "if left > 0" where "if left >= 0" belongs: 0 read as no limit
+        slips["window_zero_unlimited:left"] = visible(S_q, S_k, (-1, window[1]))
+    if window[1] == 0:
+        slips["window_zero_unlimited:right"] = visible(S_q, S_k, (window[0], -1))
     for side in ("left", "right", "both"):
         slips[f"window_minus_one:{side}"] = visible(S_q, S_k, window, literal=side)
     for off in (-1, 1):          # > for >=, < for <=, or an edge computed one further out
@@ -127,17 +131,20 @@ class BeyondCase(Case):
                    for sq, sk in zip(self.lens_q, self.lens_k))
 
 
-def _beyond_case(lens_q, lens_k=None, window=(-1, -1), p=0.0, H=2, D=8) -> BeyondCase:
+def _beyond_case(lens_q, lens_k=None, window=(-1, -1), p=0.0, H=2, D=8, scale=None) -> BeyondCase:
     lens_k = tuple(lens_k or lens_q)
     listed = lambda lens: ",".join(map(str, lens))   # noqa: E731
     name = f"q{listed(lens_q)}" + (f" k{listed(lens_k)}" if lens_k != tuple(lens_q) else "") + \
-        (f" w{window[0]},{window[1]}" if tuple(window) != (-1, -1) else "") + (f" p{p}" if p else "")
+        (f" w{window[0]},{window[1]}" if tuple(window) != (-1, -1) else "") + (f" p{p}" if p else "") + \
+        (f" scale{scale}" if scale is not None else "")
     return BeyondCase(name, len(lens_q), H, max(lens_q), max(lens_k), D, tuple(window) == (-1, 0),
-                      lens_q=tuple(lens_q), lens_k=lens_k, window=tuple(window), dropout_p=p)
+                      scale=scale, lens_q=tuple(lens_q), lens_k=lens_k, window=tuple(window), dropout_p=p)
 
 
 BEYOND_CASES = (
     _beyond_case((13,)),
+    _beyond_case((14,), window=(2, 3), scale=0.3),        # one sequence, a window, not D ** -0.5
+    _beyond_case((9, 12), window=(0, 2)),                  # left = 0: no key before the query
     _beyond_case((5, 11, 7), window=(-1, 0)),
     _beyond_case((9, 6, 12), window=(3, 1)),
     _beyond_case((6, 9), (10, 4), window=(1, 0)),          # rows past S_k + 1 see no key
@@ -172,11 +179,17 @@ def _keep(x, b, S_q, S_k, first_seq_head=None) -> torch.Tensor:
 def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") -> tuple:
     """dQ, dK, dV of one sequence (``[H, S, D]`` tensors, lse ``[H, S_q]``), float64, by the
     lesson's formulas -- or with one classic ``slip`` put in."""
-    s = q @ k.transpose(-1, -2) * scale
+    s = q @ k.transpose(-1, -2) * (1.0 if slip == "unscaled_scores" else scale)
     P = torch.exp(s - lse[..., None])
-    if slip != "no_visible":
+    if slip == "softmax_then_mask":          # a softmax over every key, the window applied after it
+        P = torch.softmax(s, dim=-1)
+    if slip == "window_inverted":
+        P = P.masked_fill(seen, 0.0)
+    elif slip != "no_visible":
         P = P.masked_fill(~seen, 0.0)
-    rescale = 1.0 / (1.0 - p)
+    if slip == "keep_inverted":
+        keep = ~keep
+    rescale = {"rescale_inverted": 1.0 - p, "rescale_twice": 1.0 / (1.0 - p) ** 2}.get(slip, 1.0 / (1.0 - p))
     z_dv = keep * (1.0 if slip in ("no_rescale", "no_rescale_dv") else rescale)
     z_dp = keep * (1.0 if slip in ("no_rescale", "no_rescale_dp") else rescale)
     if slip == "dv_no_mask":
@@ -189,6 +202,8 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
     delta = (do * o).sum(-1, keepdim=True)
     if slip == "delta_unmasked_dp":
         delta = (P * dp_raw).sum(-1, keepdim=True)
+    if slip == "delta_rescaled":
+        delta = delta / (1.0 - p)
     ds = (P * z_dv if slip == "ds_dropped_p" else P) * (dp - delta)
     return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv
 
@@ -197,12 +212,14 @@ def _heads_first(t):
     return t.transpose(0, 1)
 
 
-def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False) -> dict:
+def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
+                 scale=None, sliced_mask=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
     mask), ``whole`` (the packed batch taken as one sequence), ``global_positions`` (the window
-    compares positions in the packed tensor)."""
+    compares positions in the packed tensor), ``sliced_mask`` (each sequence's mask cut out of
+    one mask drawn for the whole packed batch)."""
     case = x.case
     H = x.q.shape[1]
     if whole:
@@ -218,9 +235,12 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
                 seen = visible(S_q, S_k, case.window)
         else:
             seen = visible(S_q, S_k, case.window, shift=(qs.start - ks.start) if global_positions else 0)
-        keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None)
+        if sliced_mask:
+            keep = _keep(x, 0, sum(case.lens_q), sum(case.lens_k), 0)[:, qs, ks]
+        else:
+            keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None)
         g = sequence_grads(*(_heads_first(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
-                           x.lse[qs].T, keep, x.p, seen, x.scale, slip)
+                           x.lse[qs].T, keep, x.p, seen, x.scale if scale is None else scale, slip)
         dq[qs], dk[ks], dv[ks] = (_heads_first(t) for t in g)
     return unpack(case, {"dQ": dq, "dK": dk, "dV": dv})
 
@@ -244,7 +264,7 @@ def _make(case: BeyondCase, dtype, device, seed, with_do):
     tq, tk, H, D = sum(case.lens_q), sum(case.lens_k), case.H, case.D
     q, do = (torch.randn(tq, H, D, generator=g, dtype=torch.float64) for _ in range(2))
     k, v = (torch.randn(tk, H, D, generator=g, dtype=torch.float64) for _ in range(2))
-    x = SimpleNamespace(case=case, q=q, k=k, v=v, do=do, scale=1.0 / math.sqrt(D), p=case.dropout_p,
+    x = SimpleNamespace(case=case, q=q, k=k, v=v, do=do, scale=case.scale or 1.0 / math.sqrt(D), p=case.dropout_p,
                         seed=1234 + sum(case.lens_q), device=device, masks={})
     o, lse = torch.zeros_like(q), torch.zeros(tq, H, dtype=torch.float64)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -265,7 +285,7 @@ def _make(case: BeyondCase, dtype, device, seed, with_do):
 
 #: mistakes that change the result only with dropout on, and how each is put in
 DROPOUT_SLIPS = ("no_rescale", "no_rescale_dv", "no_rescale_dp", "dv_no_mask", "dp_no_mask", "ds_dropped_p",
-                 "delta_unmasked_dp")
+                 "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice")
 
 
 def _variants(case: BeyondCase, x) -> dict:
@@ -276,10 +296,17 @@ def _variants(case: BeyondCase, x) -> dict:
         if case.packed:
             found["mask_same_for_all"] = packed_grads(x, mask_heads=lambda b, H: 0)
             found["mask_numbered_by_b"] = packed_grads(x, mask_heads=lambda b, H: b)
+            found["mask_sliced_from_whole"] = packed_grads(x, sliced_mask=True)
     for name in window_slips(case.S_q, case.S_k, case.window):
         found[name] = packed_grads(x, window_slip=name)
+    found["unscaled_scores"] = packed_grads(x, "unscaled_scores")
+    if case.scale is not None:
+        found["scale_ignored"] = packed_grads(x, scale=case.D ** -0.5)
+    found["window_inverted"] = packed_grads(x, "window_inverted")
+    found["keep_inverted"] = packed_grads(x, "keep_inverted")     # at p = 0 too: then Z is all False
     if case.window != (-1, -1):
         found["no_visible"] = packed_grads(x, "no_visible")
+        found["softmax_then_mask"] = packed_grads(x, "softmax_then_mask")
     if case.packed:
         found["leak"] = packed_grads(x, whole=True)     # with dropout: one mask for the whole batch
         if case.window != (-1, -1) and case.lens_q != case.lens_k:
@@ -288,7 +315,20 @@ def _variants(case: BeyondCase, x) -> dict:
 
 
 def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
-    """Check the backward of a packed batch with a window and dropout (see the module's doc)."""
+    """Check ``fn(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, window, dropout_p, seed, scale)
+    -> (dq, dk, dv)``, the backward of a packed batch with a window and dropout, in float64.
+
+    q, o, do ``[total_q, H, D]``; k, v ``[total_k, H, D]``; lse ``[total_q, H]`` (+inf on a row that
+    sees no key); cu_seqlens int32 ``[n + 1]``; ``window`` a pair (left, right), -1 = no limit;
+    ``dropout_p`` in [0, 1); ``seed`` an int; ``scale`` a float (not always D ** -0.5). Sequence b's
+    dropout mask is ``beyond.dropout_mask(seed, H, S_q_b, S_k_b, dropout_p, device,
+    first_seq_head=b * H)`` (all True when dropout_p is 0).
+
+    The cases (a name lists the query lengths ``q``, the key lengths ``k`` where they differ, the
+    window ``w``, the dropout ``p``): one sequence and several, S_q != S_k, windows with rows that
+    see no key, left = 0, dropout 0 / 0.2 / 0.3 / 0.5, a scale of 0.3. In the table, batch element b
+    is sequence b (outputs are unpacked into ``[sequences, H, longest, D]``).
+    """
     device = runtime.default_device()
 
     def run_case(case, x):

@@ -45,9 +45,25 @@ _slip_rule("window_swapped", "left and right are swapped (or the mask is transpo
            WINDOW_IDEA + " left bounds the keys *before* the query (j >= i - left), right those after it.")
 _slip_rule("window_minus_one", "-1 is taken as a number, not as 'no limit'",
            WINDOW_IDEA + " A side of -1 adds no condition at all: skip that comparison.")
+_slip_rule("window_zero_unlimited", "a side of 0 is taken as 'no limit'",
+           WINDOW_IDEA + " Only -1 means no limit; 0 is a real bound (left = 0: no key before the "
+           "query). Test the side with >= 0, not > 0.")
 _slip_rule("window_bottom_right", "the window is aligned bottom-right",
            WINDOW_IDEA + " With S_q != S_k the course aligns query i with key i (top-left, as its causal "
            "mask); yours shifts the queries by S_k - S_q.")
+_slip_rule("window_inverted", "the window's mask is inverted: P is kept on the hidden keys",
+           "The window's mask is True where the key is *seen*: zero P where it is False "
+           "(masked_fill(~seen, 0)), not where it is True.", kinds=("beyond",))
+_slip_rule("unscaled_scores", "P is rebuilt from scores without the scale",
+           "S = Q K^T * scale: the LSE the forward stored belongs to the scaled scores, so "
+           "P = exp(S - LSE) needs the same scale (and dQ, dK one more factor each).", kinds=("beyond",))
+_slip_rule("scale_ignored", "the scale argument is ignored: D ** -0.5 is used instead",
+           "The function receives scale: use it wherever the forward did (the scores, and dQ and dK), "
+           "since a model may pass any scale.", kinds=("beyond",))
+_slip_rule("softmax_then_mask", "P is a softmax over every key, masked afterwards",
+           "The forward's softmax ran over the *visible* keys only: P = exp(S - LSE) on them, 0 "
+           "elsewhere (the LSE already holds the right normaliser). A softmax over all keys followed "
+           "by the mask gives rows that no longer sum to 1.", kinds=("beyond",))
 _slip_rule("no_visible", "P is rebuilt from the LSE without the window's mask",
            "exp(S - LSE) is positive everywhere: the keys the window hides must be set to P = 0 "
            "(masked_fill or where) before P enters dV, dP and dS.", kinds=("beyond",))
@@ -69,12 +85,26 @@ _slip_rule("ds_dropped_p", "dS uses the dropped P (P * Z / (1 - p)) instead of P
            kinds=("beyond",))
 _slip_rule("delta_unmasked_dp", "delta is summed from a dP without the dropout mask", _DROPOUT_IDEA,
            kinds=("beyond",))
+_slip_rule("delta_rescaled", "delta is divided by 1 - p", _DROPOUT_IDEA + " O already carries the 1 / (1 - p).",
+           kinds=("beyond",))
+_slip_rule("rescale_inverted", "the rescale multiplies by 1 - p instead of dividing", _DROPOUT_IDEA,
+           kinds=("beyond",))
+_slip_rule("rescale_twice", "the 1 / (1 - p) rescale is applied twice", _DROPOUT_IDEA, kinds=("beyond",))
+_slip_rule("keep_inverted", "the dropout mask is inverted: the dropped elements are kept",
+           "Z is True where the element *survives* (dropout_mask returns the keep-mask): multiply by Z, "
+           "not by ~Z or 1 - Z.", kinds=("beyond",))
 _slip_rule("mask_same_for_all", "every sequence uses sequence 0's dropout mask",
            "Sequence b's heads were numbered b * H ... b * H + H - 1 when the forward drew their "
            "masks: draw each sequence's Z with first_seq_head=b * H.", kinds=("beyond",))
 _slip_rule("mask_numbered_by_b", "sequence b's dropout mask is drawn with first_seq_head=b, not b * H",
            "Each (sequence, head) pair has its own number b * H + h; with first_seq_head=b, sequence 1 "
            "takes sequence 0's second head's mask.", kinds=("beyond",))
+
+
+_slip_rule("mask_sliced_from_whole", "each sequence's dropout mask is cut out of one mask for the whole batch",
+           "The forward drew a mask per (sequence, head), of that sequence's own (S_q, S_k), numbered "
+           "b * H + h -- not one mask over the packed tensor: draw each sequence's with "
+           "dropout_mask(seed, H, S_q, S_k, p, device, first_seq_head=b * H).", kinds=("beyond",))
 
 
 def _per_sequence(ctx, cases) -> str:
@@ -86,6 +116,21 @@ def _per_sequence(ctx, cases) -> str:
             ok_first &= bool(seq_ok[0])
             bad_later |= bool((~seq_ok[1:]).any())
     return "sequence 0 is right in every one of them, later sequences are wrong" if ok_first and bad_later else ""
+
+
+@rule("dropout_rescale", "only dropout cases fail, and an output is off by a constant factor: a rescale slip",
+      _DROPOUT_IDEA, kinds=("beyond",))
+def _rescale_factor(ctx):
+    if not ctx.failing or not all(r.case.dropout_p > 0 and not r.error for r in ctx.failing):
+        return None
+    found = []
+    for r in ctx.failing:
+        for t in r.bad():
+            if t.ratio_resid < 1e-6 and abs(t.ratio - 1) > 1e-6:
+                one_minus_p = 1.0 - r.case.dropout_p
+                found.append(f"{t.name} = {t.ratio:.4g} x the right one in '{r.case.name}' "
+                             f"((1 - p) = {one_minus_p:g}, 1 / (1 - p) = {1 / one_minus_p:.4g})")
+    return "; ".join(found[:3]) if found else None
 
 
 @rule("dropout_mask_differs", "the backward's dropout mask is not the forward's",
@@ -113,6 +158,21 @@ _slip_rule("global_positions", "the window compares positions in the packed tens
            "Positions restart at 0 in each sequence: build each sequence's mask from its own lengths "
            "(S_q, S_k), so query i and key j are counted from cu_seqlens_q[b] and cu_seqlens_k[b].",
            kinds=("beyond",))
+
+
+@rule("last_sequence", "the last sequence is wrong in every failing case, the others right",
+      "A batch of n sequences has n + 1 offsets: the loop runs over b = 0 ... n - 1, i.e. "
+      "range(len(cu_seqlens) - 1), and sequence b ends at cu_seqlens[b + 1].", kinds=("beyond",))
+def _last_sequence(ctx):
+    if not ctx.failing or any(r.error for r in ctx.failing):
+        return None
+    for r in ctx.failing:
+        wrong = set()
+        for t in r.bad():
+            wrong |= {int(b) for b in (~t.heads_ok.all(dim=1)).nonzero().flatten()}
+        if wrong != {len(r.case.lens_q) - 1}:
+            return None
+    return f"in all {len(ctx.failing)} failing cases only the last sequence is wrong ({ctx.tensor_pattern()})"
 
 
 @rule("sequences", "only batches of several sequences fail: how the sequences are cut out or put back",
