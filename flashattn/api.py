@@ -85,8 +85,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 
     ``dropout_p > 0`` runs through lesson 09's entry point (``flashattn.beyond``; the fast kernels
     on a GPU): the dropout mask is drawn from torch's generator and regenerated in the backward,
-    never stored. That path is not a registered operator yet (``torch.compile`` breaks the graph
-    there). Pass ``dropout_p=0.0`` outside training, as with SDPA.
+    never stored. Under ``torch.compile`` it runs as the operators of ``flashattn.beyond.ops``, the
+    seed drawn inside the graph (no graph break; a new mask each step). Pass ``dropout_p=0.0``
+    outside training, as with SDPA.
 
     Not supported yet, with a ``NotImplementedError`` that says so: ``attn_mask`` (arbitrary
     masks), a value head dim unlike the query's.
