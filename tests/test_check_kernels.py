@@ -200,11 +200,67 @@ def test_dq_kernel_wrong_kv_head_under_gqa():
         assert_hint(run_checker(check.dq_kernel, launch, gqa=True), "gqa")
 
 
-def test_dkdv_grid_over_query_heads_is_named():
+@pytest.fixture(params=["interpreter", "gpu"])
+def evidence(request, monkeypatch):
+    """The evidence a checker gets where it runs: the interpreter records every load past the
+    end; a GPU records none (only NaN in the outputs and the NaN-origin search show them)."""
+    if request.param == "gpu":
+        import contextlib
+
+        from flashattn.check import runner
+
+        monkeypatch.setattr(runner, "watch_guard_reads", lambda inputs: contextlib.nullcontext(set()))
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dkdv_grid_over_query_heads_is_named(dtype, evidence):
+    """The values are right, dK/dV are written past their end: gqa_grid, in the dtype a GPU runs
+    (fp16) too. With one query block 'the same query block every iteration' *is* the right
+    computation: matching it proves nothing, so query_block_from_pid must not be claimed."""
     launch = lambda *a: launch_dkdv_direct(*a, grid_heads="query")  # noqa: E731
-    r = run_checker(check.dkdv_kernel, launch, gqa=True)
+    r = run_checker(check.dkdv_kernel, launch, gqa=True, dtype=dtype)
     assert_hint(r, "gqa_grid")
     assert "every value right" in " ".join(r.diagnosis().split()), r.diagnosis()
+    assert not any("query_block_from_pid" in c.fingerprints for c in r.results), r.report()
+
+
+def _solution_04(tmp_path, edit=None):
+    """Exercise 04's solution (kernel and launcher) as a module, with one edit (old, new)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).parents[1] / "solutions" / "04_dkdv_kernel.ipynb").read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    code = "\n\n".join(c for c in cells if "def dkdv_kernel" in c or "def launch_dkdv" in c)
+    if edit:
+        assert edit[0] in code
+        code = code.replace(edit[0], edit[1])
+    path = tmp_path / "solution_04.py"          # a file: triton.jit reads the kernel's source
+    path.write_text("import torch\nimport triton\nimport triton.language as tl\nimport flashattn\n\n" + code)
+    spec = importlib.util.spec_from_file_location("solution_04", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.launch_dkdv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_solution_04_with_a_grid_over_query_heads_is_gqa_grid(tmp_path, dtype):
+    """The blind evaluation's variant: exercise 04's launcher with grid (cdiv(S_k, BLOCK), B * H)."""
+    assert_clean(run_checker(check.dkdv_kernel, _solution_04(tmp_path), gqa=True, dtype=dtype))
+    launch = _solution_04(tmp_path, ("grid = (triton.cdiv(S_k, BLOCK), B * H_kv)", "grid = (triton.cdiv(S_k, BLOCK), B * H)"))
+    r = run_checker(check.dkdv_kernel, launch, gqa=True, dtype=dtype)
+    assert_hint(r, "gqa_grid")
+
+
+def test_fingerprint_rules_come_after_the_memory_and_head_rules():
+    """beyond_rules shares the fingerprint rules' test: importing it must not register them all
+    early (a merge once put query_block_from_pid before gqa_grid, and every memory rule)."""
+    order = [r.id for r in check.RULES]
+    for first, later in [("gqa_grid", "query_block_from_pid"), ("kv_head", "no_mask"),
+                         ("unwritten", "delta"), ("read_past_end", "mask_strict")]:
+        assert order.index(first) < order.index(later), (first, later)
 
 
 def test_dq_lengths_swapped_are_named():
@@ -387,11 +443,13 @@ def test_generic_diagnoses_kernels(bug):
     assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
-def test_kv_head_modulo_group_is_named():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kv_head_modulo_group_is_named(dtype, evidence):
     """h % GROUP_SIZE: every head reads K/V head 0 without GQA, heads 0, 1, 0, 1 with a group of 2,
-    and past the end of K/V with a group of 3 (the package's launcher passes GROUP_SIZE)."""
+    and past the end of K/V with a group of 3 (the package's launcher passes GROUP_SIZE). On a GPU
+    no load is recorded: the NaN-origin search names K and V instead."""
     with planted.plant("dq.kv_head_mod_group"):
-        r = run_checker(check.dq_kernel, launch_dq, gqa=True)
+        r = run_checker(check.dq_kernel, launch_dq, gqa=True, dtype=dtype)
     assert_hint(r, "kv_head")
     assert "it fits h_kv = h % GROUP_SIZE" in " ".join(r.diagnosis().split()), r.diagnosis()
 

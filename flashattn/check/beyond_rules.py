@@ -6,8 +6,8 @@ a window, only with several sequences -- when no fingerprint fits. Registered in
 """
 from __future__ import annotations
 
+from .diagnose import fingerprint_test as _fingerprint
 from .diagnose import rule
-from .fingerprint_rules import _fingerprint
 
 KINDS = ("window", "beyond")
 WINDOW_IDEA = ("window = (left, right): query i sees keys i - left ... i + right, both ends included "

@@ -10,6 +10,41 @@ from .structure_rules import seen_facts
 # a constant factor not tied to the scale alone (2, GROUP_SIZE, sqrt(D), ...)
 add_structure_rules("factor")
 
+#: the largest relative error (per head) still read as lost precision, not a wrong formula
+PRECISION_BOUND = 1e-2
+
+
+def _precision_loss(r, t) -> bool:
+    """Output t of case r is right but for rounding: finite, every element written, its worst
+    head within PRECISION_BOUND (and 100x the tolerance), and the error spread over the rows --
+    a wrong formula that is slightly off concentrates on some rows (a mask, a block's edge)."""
+    if not t.finite or t.unwritten or t.guard_touched or t.row_err.numel() < 2:
+        return False
+    if t.worst > min(PRECISION_BOUND, 100 * t.tol):
+        return False
+    rows = t.row_err[t.row_err > 0]       # (rows no query reaches have no gradient, no error)
+    return rows.numel() >= 2 and float((rows > 0.1 * rows.max()).double().mean()) >= 0.25
+
+
+@rule("low_precision", "close to the right values but not within the tolerance: precision is lost",
+      "Every wrong output is right but for rounding: a small relative error, spread over the "
+      "rows, in case after case -- no formula is wrong. Some step runs in a lower precision than "
+      "the inputs: a cast to fp16 or bf16 (.half(), .to(torch.float16), autocast) of the scores, "
+      "the softmax or its sums, TF32 matrix products, or an accumulator kept in the inputs' low "
+      "dtype. Compute the softmax and every sum and accumulation in fp32 (at least the inputs' "
+      "precision) and cast only the results.")
+def _low_precision(ctx):
+    if not ctx.failing or any(r.error is not None or r.oob_reads or r.wild or r.nondeterministic
+                              for r in ctx.failing):
+        return None
+    bad = ctx.bad_tensors()
+    if not bad or not all(_precision_loss(r, t) for r, t in bad):
+        return None
+    worst = max(bad, key=lambda rt: rt[1].worst)
+    return (f"every wrong output is within {worst[1].worst:.1e} of the reference (tolerance {worst[1].tol:.0e}; "
+            f"largest in '{worst[0].case.name}' {worst[1].name}), the error spread over the rows, in "
+            f"{len(ctx.failing)} of {len(ctx.results)} cases; {ctx.tensor_pattern()}")
+
 
 @rule("heads", "only some (batch, head) pairs are right: the offset of the later heads is wrong",
       "Head 0 (or batch 0) is right and the others are not, so some tensor's pointer is not moved "

@@ -220,6 +220,24 @@ class NoGradient(ShapeError):
     """A gradient that came back None for an input that requires grad."""
 
 
+def fingerprint_test(name: str):
+    """The test of a rule that fires when the failing cases' outputs match fingerprint ``name``.
+    It lives here, not in fingerprint_rules.py: importing that module registers all its rules,
+    and a module that needs only this test (beyond_rules) must not register them early -- the
+    fingerprints belong after the memory and head rules (rules.py's order)."""
+    def test(ctx):
+        matched = [r for r in ctx.failing if name in r.fingerprints]
+        rest = [r for r in ctx.failing if name not in r.fingerprints]
+        # where low precision overflowed (inf, NaN) the float64 match cannot hold: those may differ
+        if matched and len(matched) >= len(rest) and \
+                all(any(not t.finite for t in r.tensors.values()) for r in rest):
+            overflow = f" (the other {len(rest)} overflowed to inf or NaN)" if rest else ""
+            return (f"in {len(matched)} of {len(ctx.failing)} failing cases your outputs match that "
+                    f"computation exactly{overflow}; {ctx.tensor_pattern()}")
+        return None
+    return test
+
+
 def diagnose(results: list, kind: str) -> list:
     """The first rule that fits, as a one-element list of :class:`Diagnosis` ([] if all passed)."""
     from . import rules  # noqa: F401  (registers the rules, in order)

@@ -4,11 +4,61 @@ mask built [S_k, S_q], an input written in place, .T on a 4-D tensor), then by t
 """
 from __future__ import annotations
 
+import linecache
 import re
+from pathlib import Path
 from typing import Optional
 
+import torch
 
-_SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)")
+_SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
+                    r"(?: at non-singleton dimension (\d+))?")
+
+
+def _line_tensors(exc: BaseException) -> dict:
+    """name -> tensor, for the tensors named on the line of the learner's code that raised (the
+    innermost frame outside this package and the installed libraries), from that frame's
+    variables: what the error's sizes belong to, instead of a guess."""
+    from .origin import _in_notebook
+
+    pkg = Path(__file__).resolve().parent.parent
+    tb, frame = exc.__traceback__, None
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        p = Path(path).resolve()
+        if _in_notebook(path) or not (pkg in p.parents or "site-packages" in p.parts or "dist-packages" in p.parts):
+            frame = (tb.tb_frame, tb.tb_lineno)
+        tb = tb.tb_next
+    if frame is None:
+        return {}
+    f, lineno = frame
+    line = linecache.getline(f.f_code.co_filename, lineno)
+    names = dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line))
+    return {n: f.f_locals[n] for n in names if isinstance(f.f_locals.get(n), torch.Tensor)}
+
+
+def _shapes(exc: BaseException) -> dict:
+    return {n: tuple(t.shape) for n, t in _line_tensors(exc).items()}
+
+
+def _bool_names(exc: BaseException) -> set:
+    return {n for n, t in _line_tensors(exc).items() if t.dtype == torch.bool}
+
+
+def _row_vector_on_keys(shapes: dict, sizes: set, line: str) -> Optional[tuple]:
+    """(vector, matrix): a per-row vector ``[..., S]`` named on the line beside a tensor
+    ``[..., S, S']`` of whose rows it holds one value each, and the error is theirs: its length
+    met the keys (the error's two sizes are S and S'), or it is used bare (no index, no method:
+    lined up from the right, all its dimensions shift by one). The LSE or delta without its
+    trailing 1. An operand reshaped on the line ("lse.transpose(1, 2)") is not this story."""
+    for a, sa in shapes.items():
+        bare = re.search(rf"(?<![.\w]){re.escape(a)}(?![\w.\[(])", line) is not None
+        for b, sb in shapes.items():
+            if not (sa and len(sb) == len(sa) + 1 and sb[:-1] == sa):
+                continue
+            if {sa[-1], sb[-1]} == sizes or (bare and sizes <= set(sa) | set(sb)):
+                return a, b
+    return None
 
 
 def _specific_idea(r):
@@ -27,12 +77,30 @@ def _specific_idea(r):
                 "autograd hands over may be one number expanded to the whole shape (stride 0), "
                 "which cannot be written. Compute into a new tensor (do * o, not do.mul_(o)).")
     m = _SIZES.search(message)
-    if m and {int(m.group(1)), int(m.group(2))} == {c.S_q, c.S_k} and c.S_q != c.S_k:
-        rows = re.search(r"dimension (-2|2)\b", message) is not None     # the query axis of [B, H, S_q, S_k]
-        if "mask" in line and not rows:
+    if not m:
+        return None
+    sizes = {int(m.group(1)), int(m.group(2))}
+    shapes = _shapes(r.error)
+    pair = _row_vector_on_keys(shapes, sizes, line)
+    if pair:
+        vec, mat = pair
+        return (f"{vec} {list(shapes[vec])} holds one value per row of {mat} {list(shapes[mat])}, but it "
+                f"is lined up from the right, with its last dimension against the keys: a value per query row "
+                f"(delta, the LSE) subtracted from every key of its row must be a column, [..., S_q, 1] "
+                f"(keepdim=True, or [..., None]). Where a row vector happens to broadcast, it is silently wrong.")
+    S_q, S_k = getattr(c, "S_q", None), getattr(c, "S_k", None)
+    if sizes == {S_q, S_k} and S_q != S_k:
+        rows = m.group(3) == "2"                   # the query axis of [B, H, S_q, S_k]
+        masks = {n: sh for n, sh in shapes.items() if n in _bool_names(r.error) and len(sh) == 2}
+        if any(sh == (S_k, S_q) for sh in masks.values()):
             return ("The mask is built with its two lengths swapped: it must be [S_q, S_k] like "
                     "the scores (query rows first), and its two sizes met S_q and S_k the wrong way "
                     f"round here ({m.group(1)} vs {m.group(2)}).")
+        if masks or ("mask" in line and not shapes and not rows):
+            got = "".join(f" {n} is {list(sh)}." for n, sh in masks.items())
+            return ("The mask does not have the scores' shape: it must be [S_q, S_k] (query rows first, "
+                    f"keys last; S_q = {S_q}, S_k = {S_k} here), not its lengths swapped or one length used "
+                    f"twice.{got}")
         if rows:
             return ("An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed. Write "
                     "down each product's shape: S and P [S_q, S_k]; dP = dO V^T is [S_q, S_k] "
@@ -40,11 +108,29 @@ def _specific_idea(r):
     return None
 
 
+def _sizes_idea(r) -> Optional[str]:
+    """For a broadcast error that no idea above explains: the sizes, the operands' shapes and
+    the line, with no story about which mistake it is."""
+    m = _SIZES.search(str(r.error))
+    if not m:
+        return None
+    shapes = _shapes(r.error)
+    dim = f" at dimension {m.group(3)}" if m.group(3) else ""
+    known = "; ".join(f"{n} {list(sh)}" for n, sh in shapes.items())
+    return (f"Two operands' shapes do not line up: sizes {m.group(1)} and {m.group(2)} met{dim} on the line "
+            f"shown{f' (its tensors: {known})' if known else ''}. Write down the shape of every operand on "
+            f"that line -- after each indexing, transpose and sum -- and which dimension should meet which.")
+
+
 _EXCEPTION_IDEAS = [
     (r"must match the size of tensor|broadcast|size of tensor a",
-     "Two operands' shapes do not line up. A value per query row (delta, the LSE) subtracted "
-     "from every key of its row must be a column, [..., S_q, 1] (keepdim=True, or [..., None]); "
-     "lined up with the keys instead, it only fits when S_q == S_k -- and is wrong there."),
+     "Two operands' shapes do not line up: write down the shape of every operand on the line "
+     "shown, and which dimension should meet which."),
+    (r"Expected all tensors to be on the same device|is not on the expected device",
+     "Tensors on two devices met: a tensor created inside your code (torch.zeros, torch.full, "
+     "torch.arange, ...) lives on the CPU unless told otherwise, while the inputs may be on the "
+     "GPU. Create each one on the inputs' device (device=q.device), and with their dtype where "
+     "it matters."),
     (r"same dtype|dtype mismatch|expected scalar type",
      "Two operands of one operation have different dtypes (fp16 scores and an fp32 LSE, say): "
      "type promotion makes the result fp32 and the next matrix product refuses to mix it with "
@@ -73,5 +159,8 @@ def exception_idea(raised: list, sep) -> Optional[str]:
         return ("It raised only where the keys come in several blocks: the code that runs for the "
                 "second block on. Check the block's slice (start : start + block_n, not "
                 "start : block_n) and everything offset by the block's start.")
+    sized = _sizes_idea(raised[0])
+    if sized:
+        return sized
     message = str(raised[0].error)
     return next((idea for pattern, idea in _EXCEPTION_IDEAS if re.search(pattern, message)), None)

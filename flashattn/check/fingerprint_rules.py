@@ -7,21 +7,8 @@ from __future__ import annotations
 
 import math
 
+from .diagnose import fingerprint_test as _fingerprint
 from .diagnose import rule
-
-
-def _fingerprint(name: str):
-    def test(ctx):
-        matched = [r for r in ctx.failing if name in r.fingerprints]
-        rest = [r for r in ctx.failing if name not in r.fingerprints]
-        # where low precision overflowed (inf, NaN) the float64 match cannot hold: those may differ
-        if matched and len(matched) >= len(rest) and \
-                all(any(not t.finite for t in r.tensors.values()) for r in rest):
-            overflow = f" (the other {len(rest)} overflowed to inf or NaN)" if rest else ""
-            return (f"in {len(matched)} of {len(ctx.failing)} failing cases your outputs match that "
-                    f"computation exactly{overflow}; {ctx.tensor_pattern()}")
-        return None
-    return test
 
 
 def _fp(id: str, title: str, idea: str, kinds=None, name=None):

@@ -8,6 +8,8 @@ the other outputs right).
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..reference import causal_mask, repeat_kv, sum_groups
@@ -397,9 +399,21 @@ def _last_block(case: Case, x: Inputs, kind: str, block: int, last_head: bool = 
     return {"dQ": dq}
 
 
-def matching(variants: dict, tensors: dict, tol: float) -> set:
+def distinct(outs: dict, expected: Optional[dict], wrong, tol: float) -> bool:
+    """Whether a mistake's outputs differ from the right ones, beyond the tolerance, in at least
+    one wrong output. Where they do not (one query block, so 'the same block every iteration'
+    is the right block), an output that is wrong for another reason -- right values written past
+    the end, rounding just over the tolerance -- would 'match' the mistake and name it falsely."""
+    if expected is None:
+        return True
+    return any(n in outs and n in expected and not _matches(expected[n].detach().to("cpu", torch.float64),
+                                                           outs[n], tol) for n in wrong)
+
+
+def matching(variants: dict, tensors: dict, tol: float, expected: Optional[dict] = None) -> set:
     """Fingerprint names (the part before ':') that explain every wrong output: each wrong
-    output equals what that mistake computes (the right ones may or may not be touched by it)."""
+    output equals what that mistake computes (the right ones may or may not be touched by it),
+    and the mistake's outputs are not the right ones (``expected``: the reference outputs)."""
     wrong = [n for n, t in tensors.items() if not t.ok]
     found = set()
     if not wrong:
@@ -407,6 +421,8 @@ def matching(variants: dict, tensors: dict, tol: float) -> set:
     for name, outs in variants.items():
         if all(n in outs and not bool(torch.isfinite(outs[n]).any()) for n in wrong):
             continue            # NaN everywhere: it would match every mistake that ends in NaN
+        if not distinct(outs, expected, wrong, tol):
+            continue            # indistinguishable from the right answer here: proves nothing
         if name.startswith("swapped") and not set(outs) <= set(wrong):
             continue            # a swap makes both outputs wrong; one output equal to another is not one
         if all(n in outs and _matches(tensors[n].actual, outs[n], tol) for n in wrong):

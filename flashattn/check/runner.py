@@ -326,12 +326,12 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                     except (TypeError, ValueError) as e:
                         raise ShapeError(str(e)) from None
                 if not res.ok and variants is not None:
-                    res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol)
+                    res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol, expected)
                 if not res.ok:
                     # the class of mistake, whatever the edit: zeros, equalities, factors, swaps
                     res.structure = structure.facts(case, x, res.tensors, expected, case_tol, kind)
                     res.fingerprints |= substitutions.matching(case, x, kind, res.tensors, case_tol,
-                                                               fingerprints._matches)
+                                                               fingerprints._matches, expected)
                 if any(not t.ok and fingerprints.overcounted(outs[n], expected[n], case_tol)
                        for n, t in res.tensors.items()):
                     res.fingerprints.add("overcount")

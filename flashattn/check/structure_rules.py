@@ -75,9 +75,13 @@ def _kv_head(ctx):
     hits, others = [], []
     for r in ctx.failing:
         m = _facts(r, "dQ").get("kv_heads")
-        (hits if m else others).append((r, m))
-    # a head index past H_kv reads past the end of K and V: those cases show no map
-    if not hits or any(not (r.oob_reads and set(r.oob_reads) <= {"k", "v"}) and not r.wild for r, _ in others):
+        G = r.case.H // r.case.heads_kv
+        # the right map found means dQ is close to right, head by head: not a head index (rounding?)
+        wrong_map = m and any(k != right_kv for (_, h), k in m.items() for right_kv in [h // G])
+        (hits if wrong_map else others).append((r, m))
+    # a head index past H_kv reads past the end of K and V: those cases show no map (a GPU
+    # records no loads, but the NaN-origin search names K or V)
+    if not hits or any(not _reads_past_kv(r) and not r.wild for r, _ in others):
         return None
     r, m = hits[0]
     c = r.case
@@ -97,6 +101,11 @@ def _kv_head(ctx):
     past = f"; in {len(others)} more case(s) loads ran past the end of K/V (a head index >= H_kv)" if others else ""
     return (f"in '{c.name}' (H={c.H}, H_kv={c.heads_kv}) query heads 0-{c.H - 1} read K/V heads {got}, "
             f"not {right}{fits}{past}")
+
+
+def _reads_past_kv(r) -> bool:
+    seen = r.oob_reads or r.nan_from
+    return bool(seen) and set(seen) <= {"k", "v"}
 
 
 # --------------------------------------------------------------------------------------

@@ -138,9 +138,12 @@ def _pretty(outputs, kind) -> str:
     return (" and ".join(names) + (" equal" if len(names) > 1 else " equals")) if names else "nothing equals"
 
 
-def matching(case: Case, x, kind: str, tensors: dict, tol: float, match) -> set:
+def matching(case: Case, x, kind: str, tensors: dict, tol: float, match, expected=None) -> set:
     """The labels (``subst:<label>``) of the swaps that explain this case exactly: every output
-    the swap changes equals the swap's value, every other output is right."""
+    the swap changes equals the swap's value, every other output is right, and the swap's value
+    is not the right one (``expected``; two equal tensors swapped change nothing)."""
+    from .fingerprints import distinct
+
     wrong = {n for n, t in tensors.items() if not t.ok}
     if not wrong:
         return set()
@@ -148,7 +151,10 @@ def matching(case: Case, x, kind: str, tensors: dict, tol: float, match) -> set:
     for label, outputs, got in variants(case, x, kind):
         if not wrong <= set(outputs):
             continue
-        if all(match(tensors[n].actual, got[n].to(x.q.dtype).to(torch.float64), tol) for n in wrong):
+        got = {n: g.to(x.q.dtype).to(torch.float64) for n, g in got.items()}
+        if not distinct(got, expected, wrong, tol):
+            continue
+        if all(match(tensors[n].actual, got[n], tol) for n in wrong):
             found.add("subst:" + label)
     return found
 
