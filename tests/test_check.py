@@ -657,3 +657,71 @@ def test_broadcast_errors_tell_only_the_story_their_operands_show(bug, says, nev
     assert says in text, text
     if never:
         assert never not in text.split("Evidence")[0], text
+
+
+# --------------------------------------------------------------------------------------
+# inputs written in place: named as such, not as a race or a wrong value
+# --------------------------------------------------------------------------------------
+def _scaling_q_in_place(q, k, v, o, do, lse, causal, scale):
+    q.mul_(scale)                      # the right values, computed from the scaled q
+    return make_backward()(q / scale, k, v, o, do, lse, causal, scale)
+
+
+def _zeroing_do(q, k, v, o, do, lse, causal, scale):
+    out = make_backward()(q, k, v, o, do, lse, causal, scale)
+    do.zero_()
+    return out
+
+
+def _shifting_lse(q, k, lse, causal, scale):
+    p = make_rebuild_p()(q, k, lse, causal, scale)
+    lse.add_(1.0)
+    return p
+
+
+def _doubling_k(q, k, v, causal, scale, block_n):
+    out = make_online()(q, k, v, causal, scale, block_n)
+    k *= 2.0
+    return out
+
+
+def _function_scaling_saved_q():
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o, lse = flashattn.attention_forward(q, k, v, causal, scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal, ctx.scale = causal, scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = flashattn.attention_backward(q, k, v, o, do, lse, ctx.causal, ctx.scale)
+            q.mul_(ctx.scale)              # the caller's q, changed behind its back
+            return dq, dk, dv, None, None
+
+    def attention(q, k, v, causal=False, scale=None):
+        return Attention.apply(q, k, v, causal, 1.0 / q.shape[-1] ** 0.5 if scale is None else scale)
+    return attention
+
+
+def _lazy_scaling_do(q, k, v, bias, tau, do, scale):
+    out = _lazy(None)(q, k, v, bias, tau, do, scale)
+    do.mul_(scale)
+    return out
+
+
+@pytest.mark.parametrize("checker, fn, says", [
+    (check.attention_backward, _scaling_q_in_place, "input Q in 'aligned' (4096 of 4096 elements changed, scaled by 0.1768 "
+                                                    "= the softmax scale)"),
+    (check.attention_backward, _zeroing_do, "input dO in 'aligned' (4096 of 4096 elements changed, set to zero)"),
+    (check.rebuild_p, _shifting_lse, "input LSE in"),
+    (check.online_softmax, lambda *a: _doubling_k(*a), "scaled by 2)"),
+    (check.autograd_function, _function_scaling_saved_q(), "input Q in"),
+    (check.lazy_backward, _lazy_scaling_do, "input dO in"),
+])
+def test_input_written_in_place_is_named(checker, fn, says):
+    r = run_checker(checker, fn)
+    assert_hint(r, "input_modified")
+    assert says in " ".join(r.diagnosis().split()), r.diagnosis()

@@ -130,3 +130,13 @@ BACKWARD_SLIPS = [
 def test_backward_slips_are_named(old, new, hint):
     ns = solution(old, new)
     assert_hint(run_checker(check.beyond_backward, ns["packed_backward"]), hint)
+
+
+def test_input_written_in_place_is_named():
+    """The gradients right, but the caller's q doubled on the way out."""
+    ns = solution("        dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)\n    return dq, dk, dv",
+                  "        dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)\n    q.mul_(2.0)\n    return dq, dk, dv")
+    r = run_checker(check.beyond_backward, ns["packed_backward"])
+    assert_hint(r, "input_modified")
+    text = " ".join(r.diagnosis().split())
+    assert "wrote into its input Q in" in text and "scaled by 2)" in text, text

@@ -113,6 +113,10 @@ DQ_BUGS = {
     "dq.store_without_row_mask": ("oob_write", "written after the end of dQ"),
     "dq.overwrite": ("accumulate", "last block's share alone (blocks of 32)"),
     "dq.key_loop_to_S_q": ("keys_bound", "S_q < S_k"),
+    # only the case with D = 24 < BLOCK_D = 32 shows a missing head-dim mask
+    "dq.k_without_d_mask": ("head_dim_mask", "read past the end of K (a load of K without the"),
+    "dq.store_without_d_mask": ("head_dim_mask", "stores wrote past the end of dQ (its store without the"),
+    "dq.stored_into_q": ("input_modified", "wrote into its input Q"),
 }
 
 DKDV_BUGS = {
@@ -480,3 +484,14 @@ def test_dq_loop_on_the_first_key_block_is_named():
     with planted.plant("dq.same_key_tile"):
         r = run_checker(check.dq_kernel, launch_dq_direct)
     assert_hint(r, "key_blocks")
+
+
+def test_launcher_writing_into_its_input_is_named():
+    """q scaled in place by the launcher: a second run would see other inputs (not a race)."""
+    def launch(q, k, v, do, lse, delta, dq, causal, scale):
+        q.mul_(scale)
+        launch_dq_direct(q, k, v, do, lse, delta, dq, causal, 1.0)
+    r = run_checker(check.dq_kernel, launch)
+    assert_hint(r, "input_modified")
+    text = " ".join(r.diagnosis().split())
+    assert "scaled by 0.1768 = the softmax scale" in text, text

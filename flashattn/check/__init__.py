@@ -3,9 +3,10 @@
 Each checker takes the function (or kernel launcher) an exercise asks you to write, runs it on
 a battery of small cases -- several batches and heads, causal and not, lengths that are not
 block multiples, S_q != S_k, one block and several, non-contiguous q/k/v, a dO of stride 0 and
-a strided dO, a custom scale -- and compares every output with the float64 reference
-(:mod:`flashattn.reference`), head by head. Around every input lies NaN, so a load past the end
-shows; every output starts as a marked NaN, so an element never written shows.
+a strided dO, a custom scale; for kernels a head dim of 24, padded to 32 -- and compares every
+output with the float64 reference (:mod:`flashattn.reference`), head by head. Around every input lies NaN, so a load past the end
+shows; every output starts as a marked NaN, so an element never written shows; every input is
+compared before and after the call, so one written in place shows.
 
 A pass prints one line. A failure prints the diagnosis -- the mistake the pattern of errors
 points at, with the evidence (which outputs, which cases, what factor, which rows) -- and the
@@ -41,7 +42,8 @@ from typing import Optional, Sequence
 import torch
 
 from .. import runtime
-from .battery import AUTOGRAD_BATTERY, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, Case, Output
+from .battery import (AUTOGRAD_BATTERY, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, KERNEL_BATTERY, Case,
+                      Output)
 from . import rules  # noqa: F401  (registers every diagnosis, in order)
 from .diagnose import RULES, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
@@ -188,7 +190,7 @@ def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
         return ({"dQ": out.tensor.clone()}, {"dQ": x.ref.dQ},
                 {"guard_touched": {"dQ": out.guard_touched()}, "launches": n})
 
-    return run_battery("check.dq_kernel", launch, _with_gqa(cases or BATTERY, gqa), run_case,
+    return run_battery("check.dq_kernel", launch, _with_gqa(cases or KERNEL_BATTERY, gqa), run_case,
                        kind="dq", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
                        variants=_variants("dq"), role="your launcher", raise_on_fail=raise_on_fail,
                        show=show, precheck=lambda: kernel_not_written(launch))
@@ -215,7 +217,7 @@ def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fals
         return ({"dK": dk.tensor.clone(), "dV": dv.tensor.clone()}, {"dK": x.ref.dK, "dV": x.ref.dV},
                 {"guard_touched": {"dK": dk.guard_touched(), "dV": dv.guard_touched()}, "launches": n})
 
-    return run_battery("check.dkdv_kernel", launch, _with_gqa(cases or BATTERY, gqa), run_case,
+    return run_battery("check.dkdv_kernel", launch, _with_gqa(cases or KERNEL_BATTERY, gqa), run_case,
                        kind="dkdv", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
                        variants=_variants("dkdv"), role="your launcher", raise_on_fail=raise_on_fail,
                        show=show, precheck=lambda: kernel_not_written(launch))

@@ -92,6 +92,11 @@ class Case:
         return out
 
 
+def padded_head_dim(D: int) -> bool:
+    """Whether a kernel pads head dim D (to a power of two, at least 16): the head-dim mask matters."""
+    return D < max(16, 1 << (D - 1).bit_length())
+
+
 def _c(name, B, H, S_q, S_k, D, causal, **kw) -> Case:
     return Case(name, B, H, S_q, S_k, D, causal, **kw)
 
@@ -126,6 +131,13 @@ BATTERY: tuple[Case, ...] = (
     _c("S_q < S_k, odd lengths", 1, 2, 21, 45, 32, False, layout=("padded_seq",) * 3,
        do_layout="padded_seq", stats_padded=True),
     _c("fp16 inputs", 1, 2, 40, 40, 32, True, dtype=torch.float16),
+)
+
+#: The kernel checkers' battery: a head dim that is not a power of two as well. Kernels pad D
+#: to BLOCK_D = next_power_of_2(D), so only here does a load or store without the head-dim mask
+#: (offs_d < HEAD_DIM) reach past each row -- into the next row, or the guard after the last.
+KERNEL_BATTERY: tuple[Case, ...] = BATTERY + (
+    _c("head dim 24 (BLOCK_D 32)", 1, 2, 64, 64, 24, False),
 )
 
 #: The PyTorch backward exercise (01) in the dtype it asks for: every case but the fp16 one.

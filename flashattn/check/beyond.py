@@ -26,7 +26,7 @@ import torch
 from .. import runtime
 from .battery import Case
 from .diagnose import ShapeError
-from .runner import run_battery
+from .runner import inputs_changed, run_battery, snapshot_inputs
 
 
 # --------------------------------------------------------------------------------------
@@ -332,9 +332,11 @@ def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
     device = runtime.default_device()
 
     def run_case(case, x):
-        to = lambda t: t.to(device).clone()   # noqa: E731 -- the learner may write into them
-        got = fn(to(x.q), to(x.k), to(x.v), to(x.o), to(x.do), to(x.lse), x.cu_q.clone(), x.cu_k.clone(),
-                 case.window, case.dropout_p, x.seed, x.scale)
+        # copies on the device (x's own tensors feed the fingerprints), watched for writes
+        handed = {n: getattr(x, n).to(device).clone() for n in ("q", "k", "v", "o", "do", "lse")}
+        before = snapshot_inputs(handed)
+        got = fn(*handed.values(), x.cu_q.clone(), x.cu_k.clone(), case.window, case.dropout_p, x.seed, x.scale)
+        modified = inputs_changed(before, handed)
         if not isinstance(got, (tuple, list)) or len(got) != 3:
             raise ShapeError(f"fn must return a tuple (dq, dk, dv), got {type(got).__name__}")
         for name, t, like in zip(("dq", "dk", "dv"), got, (x.q, x.k, x.v)):
@@ -342,7 +344,7 @@ def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
                 shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ShapeError(f"{name} has shape {shape}, expected {tuple(like.shape)} "
                                  f"(packed like {'q' if name == 'dq' else name[1]})")
-        return unpack(case, dict(zip(("dQ", "dK", "dV"), got))), x.expected, {}
+        return unpack(case, dict(zip(("dQ", "dK", "dV"), got))), x.expected, {"inputs_modified": modified}
 
     return run_battery("check.beyond_backward", fn, BEYOND_CASES, run_case, kind="beyond", dtype=torch.float64,
                        seed=0, with_do=True, raise_on_fail=raise_on_fail, show=show,

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .battery import BLOCKS, Case
+from .battery import BLOCKS, Case, padded_head_dim
 from .results import CaseResult, Diagnosis
 
 # --------------------------------------------------------------------------------------
@@ -60,6 +60,8 @@ def _properties() -> list:
                  lambda c: any(l != "contiguous" for l in c.layout)),
         Property("strided", "the cases with a non-contiguous tensor", _layout_differs),
         Property("batch", "the cases with more than one batch element", lambda c: c.B > 1),
+        Property("head_dim", "the case whose head dim D is below its padded block (D < BLOCK_D)",
+                 lambda c: padded_head_dim(c.D)),
     ]
     for b in BLOCKS:
         props += [

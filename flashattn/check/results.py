@@ -105,10 +105,11 @@ class CaseResult:
     oob_reads: Optional[list] = None                 # inputs whose guard memory a load returned
     wild: Optional[dict] = None                      # loads/stores outside every tensor, dropped
     structure: dict = field(default_factory=dict)    # output -> structural facts (structure.py)
+    inputs_modified: Optional[dict] = None           # input -> (changed, elements, factor or None)
 
     @property
     def ok(self) -> bool:
-        return (self.error is None and not self.nondeterministic and self.launches != 0
+        return (self.error is None and not self.nondeterministic and self.launches != 0 and not self.inputs_modified
                 and not self.oob_reads and not self.wild and all(t.ok for t in self.tensors.values()))
 
     def bad(self) -> list:
@@ -203,6 +204,8 @@ class CheckResult:
                              "changed between runs")
             if r.oob_reads:
                 lines.append(" " * 4 + f"!! read past the end of {', '.join(r.oob_reads)}")
+            if r.inputs_modified:
+                lines.append(" " * 4 + f"!! wrote into its input {', '.join(r.inputs_modified)}")
         return "\n".join(lines)
 
     def diagnosis(self) -> str:

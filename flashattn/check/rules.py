@@ -7,8 +7,8 @@ after it -- and a planted bug (``flashattn.planted.CATALOG`` or a test function)
 exactly it (``tests/test_check_kernels.py``, ``tests/test_check.py``).
 
 The order, roughly: the code did not run (not written, no kernel, wrong order or shape, exceptions);
-it ran differently twice (a race); patterns that pin a cause exactly (a batch offset, the GQA head,
-one tensor with another's strides); memory (reads past the end, elements never written); exact
+it wrote into an input; it ran differently twice (a race); patterns that pin a cause exactly (a
+batch offset, the head-dim mask, the GQA head, one tensor with another's strides); memory (reads past the end, elements never written); exact
 matches with known wrong formulas; NaN; writes past the end; constant factors; which outputs are
 wrong; which cases are wrong; and last, what was seen."""
 from __future__ import annotations
@@ -132,6 +132,43 @@ def _exception(ctx):
     return (evidence, idea) if idea else evidence
 
 
+_HANDED_NAMES = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "dO", "lse": "LSE", "delta": "delta",
+                 "bias": "bias", "tau": "tau"}
+
+
+def _factor_text(f, case) -> str:
+    if f is None:
+        return ""
+    if f == 0:
+        return ", set to zero"
+    s = case.scale_value
+    named = " = the softmax scale" if abs(f / s - 1) < 1e-2 else " = 1/scale" if abs(f * s - 1) < 1e-2 else ""
+    return f", scaled by {f:.4g}{named}"
+
+
+@rule("input_modified", "your code wrote into one of its inputs",
+      "Inputs are read-only: compute into a new tensor (q * scale, not q.mul_(scale); q = q * "
+      "scale, not q *= scale; no do.zero_(), no out= pointing at an input). The caller still "
+      "needs them -- autograd reuses the tensors it saved, and a second call sees the changed "
+      "values, which is also why two runs on the same input differ.")
+def _input_modified(ctx):
+    hits = [r for r in ctx.results if r.inputs_modified]
+    if not hits:
+        return None
+    r = hits[0]
+    name, (n, total, f) = next(iter(r.inputs_modified.items()))
+    names = list(dict.fromkeys(_HANDED_NAMES.get(m, m) for h in hits for m in h.inputs_modified))
+    evidence = (f"your code wrote into its input {_HANDED_NAMES.get(name, name)} in '{r.case.name}' ({n} of "
+                f"{total} elements changed{_factor_text(f, r.case)}); inputs written: "
+                f"{', '.join(names)}, in {len(hits)} of {len(ctx.results)} cases")
+    if ctx.kind in ("dq", "dkdv"):
+        return evidence, ("Inputs are read-only: a kernel stores only into the outputs it is given (DQ; DK "
+                          "and DV), and the launcher does not change its arguments in place (q * scale, not "
+                          "q.mul_(scale)). Check each tl.store's pointer: it must be built from the output's "
+                          "base and the output's strides, not an input's.")
+    return evidence
+
+
 @rule("race", "results change between runs on the same input: a race on a global accumulator",
       "Two runs on identical inputs gave different bits. Several programs (or threads) add into "
       "the same output addresses, and the order of those additions -- or whether an update is "
@@ -189,6 +226,27 @@ def _exactly(ctx, *bases):
       "tensor's batch stride.")
 def _batch(ctx):
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "batch") else None
+
+
+@rule("head_dim_mask", "a load or store lacks the head-dim mask (offs_d < HEAD_DIM)",
+      "Only the case whose head dim D is below its padded block (D = 24, BLOCK_D = 32) fails. "
+      "The columns D..BLOCK_D-1 of each tile do not exist: a load without `offs_d < HEAD_DIM` "
+      "reads the next row's first elements (past the last row: whatever follows the tensor), a "
+      "store without it writes over them. Every load and store of a [rows, D] tile needs the "
+      "head-dim mask beside its row mask (`row_ok[:, None] & d_ok[None, :]`), and HEAD_DIM is "
+      "the real D, not BLOCK_D.", kinds=("dq", "dkdv"))
+def _head_dim_mask(ctx):
+    if not _exactly(ctx, "head_dim"):
+        return None
+    seen = []
+    read = list(dict.fromkeys(n for r in ctx.failing for n in (r.oob_reads or r.nan_from or ())))
+    if read:
+        seen.append(f"loads read past the end of {', '.join(_INPUT_NAMES.get(n, n) for n in read)} "
+                    f"(a load of {'/'.join(_INPUT_NAMES.get(n, n) for n in read)} without the head-dim mask)")
+    written = list(dict.fromkeys(t.name for _, t in ctx.bad_tensors() if t.guard_touched))
+    if written:
+        seen.append(f"stores wrote past the end of {', '.join(written)} (its store without the head-dim mask)")
+    return "; ".join([ctx.case_pattern()] + seen + [ctx.tensor_pattern()])
 
 
 def _values_right(ctx) -> bool:

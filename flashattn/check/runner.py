@@ -260,6 +260,48 @@ def _quiet_and_single_threaded():
 
 
 # --------------------------------------------------------------------------------------
+# inputs written in place
+# --------------------------------------------------------------------------------------
+#: The attributes of a case's inputs that may be handed to the learner's code (every checker
+#: passes some of them, or views of them: lazy's heads, autograd's leaves share the storage).
+HANDED = ("q", "k", "v", "o", "do", "lse", "delta", "bias", "tau")
+
+
+def snapshot_inputs(tensors: dict) -> dict:
+    """name -> a copy of the elements of each floating-point tensor in ``tensors``: the view
+    itself, not its guard or padding (a kernel's own reads of those are another matter)."""
+    return {n: t.detach().clone() for n, t in tensors.items()
+            if isinstance(t, torch.Tensor) and t.is_floating_point()}
+
+
+def inputs_changed(before: dict, tensors: dict) -> dict:
+    """name -> (elements changed, elements, uniform factor or None) for each tensor of ``before`` whose
+    elements ``tensors`` no longer hold (NaN where NaN was is unchanged)."""
+    found = {}
+    for name, old in before.items():
+        new = tensors[name].detach()
+        same = (old == new) | (torch.isnan(old) & torch.isnan(new))
+        n = int((~same).sum())
+        if n:
+            found[name] = (n, old.numel(), _uniform_factor(old, new))
+    return found
+
+
+def _uniform_factor(old, new) -> Optional[float]:
+    """f where new = f * old in every element (q.mul_(scale), do.zero_()), else None."""
+    a, b = old.to("cpu", torch.float64).flatten(), new.to("cpu", torch.float64).flatten()
+    nz = torch.isfinite(a) & (a != 0)
+    if not nz.any() or not bool(torch.isfinite(b[nz]).all()):
+        return None
+    ratio = b[nz] / a[nz]
+    f = float(ratio.median())
+    rtol = 1e-2 if old.element_size() <= 2 else 1e-4      # the product rounded to the dtype
+    fits = bool(((ratio - f).abs() <= rtol * abs(f) + 1e-12).all())
+    zeros_kept = bool((b[torch.isfinite(a) & (a == 0)] == 0).all())
+    return f if fits and zeros_kept else None
+
+
+# --------------------------------------------------------------------------------------
 # the battery loop
 # --------------------------------------------------------------------------------------
 def _nan_origin(run_case, case, dtype, device, seed, with_do) -> Optional[list]:
@@ -302,10 +344,14 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             case_dtype = dtype if dtype_given else (getattr(case, "dtype", None) or dtype)
             case_tol = tolerance(case_dtype) if tol is None else tol
             x = make(case, case_dtype, device, seed, with_do)
+            handed = {n: getattr(x, n, None) for n in HANDED}
+            before = snapshot_inputs(handed)
             try:
                 watched = {n: getattr(x, n, None) for n in GUARDED}
                 with fence_wild_access() as wild, watch_guard_reads(watched) as over_read:
                     outs, expected, extra = run_case(case, x)
+                # an input written in place (before the second run, which would differ for it)
+                res.inputs_modified = {**inputs_changed(before, handed), **extra.get("inputs_modified", {})} or None
                 res.oob_reads = sorted(over_read, key=GUARDED.index) or None
                 if wild["loads"] or wild["stores"]:
                     res.wild = dict(wild)
@@ -347,6 +393,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                     break                   # every other case would say the same
                 res.error = e
                 res.error_where = where(e)
+                res.inputs_modified = res.inputs_modified or inputs_changed(before, handed) or None
                 res.swapped = getattr(e, "pair", None) or res.swapped
     result = CheckResult(title, results, diagnose(results, kind), origin, origin_warnings)
     if show:
