@@ -43,8 +43,8 @@ def make_backward(bug=None):
         if bug == "dp_scaled":
             dP = 1.1 * dP
         delta = do.mul_(o) if bug == "inplace_do" else dP if bug == "delta_rowsum_dp" else do * o
-        delta = delta.sum(dim=-1, keepdim=True)
-        dS = P * dP if bug == "delta" else P * (delta - dP) if bug == "sign" else P * (dP - delta)
+        delta = delta.mean(dim=-1, keepdim=True) if bug == "delta_mean" else delta.sum(dim=-1, keepdim=True)
+        dS = P * dP if bug == "delta" else dP - delta if bug == "ds_no_p" else P * (delta - dP) if bug == "sign" else P * (dP - delta)
         dq = dS @ k if bug == "scale" else (dS @ (v if bug == "dq_from_v" else k)) * used_scale
         if bug == "race":       # dK summed over query blocks in an order that changes per call
             dk = torch.zeros_like(k)
@@ -54,7 +54,7 @@ def make_backward(bug=None):
                 dk = dk + dS[:, :, sl].transpose(-1, -2) @ q[:, :, sl]
             dk = dk * used_scale
         else:
-            dk = (dS.transpose(-1, -2) @ q) * used_scale
+            dk = (dS.transpose(-1, -2) @ (k if bug == "dk_from_k" else q)) * used_scale
         if bug == "dk_plus_k":
             dk = dk + 0.1 * k
         if bug == "dq_plus_q":
@@ -82,6 +82,7 @@ def test_attention_backward_correct_passes():
     ("scale", "scale"), ("delta", "delta"),
     ("race", "race"), ("scale_in_scores", "scale_in_scores"), ("grad_order", "grad_order"),
     ("dq_dk_swapped", "grad_order"), ("default_scale", "default_scale"), ("dv_formula", "wrong_operand"),
+    ("delta_mean", "delta_mean"), ("ds_no_p", "ds_missing_p"),
 ])
 def test_attention_backward_planted(bug, hint):
     assert_hint(run_checker(check.attention_backward, make_backward(bug)), hint)
@@ -94,6 +95,20 @@ def test_exception_ideas_from_the_error_itself(bug, idea):
     r = run_checker(check.attention_backward, make_backward(bug))
     assert_hint(r, "exception")
     assert idea in r.diagnosis(), r.diagnosis()
+
+
+def test_operand_for_another_is_named_where_it_runs_and_not_called_a_transpose():
+    """dK = dS^T K: where S_q == S_k it runs and equals that product (wrong_operand); where the
+    lengths differ it raises, and the exception's idea names the operand, not a transpose."""
+    square = [c for c in check.BATTERY if c.S_q == c.S_k]
+    r = run_checker(check.attention_backward, make_backward("dk_from_k"), cases=square)
+    assert_hint(r, "wrong_operand")
+    assert "yours equals dK = dS^T K" in r.diagnosis(), r.diagnosis()
+    r = run_checker(check.attention_backward, make_backward("dk_from_k"))
+    assert_hint(r, "exception")
+    text = " ".join(r.diagnosis().split())
+    assert "K where Q belongs in dK = dS^T Q" in text and "yours equals dK = dS^T K" in text, text
+    assert "one operand is transposed" not in text and "check which operand is transposed" not in text, text
 
 
 def test_swapped_gradients_are_named_by_their_shapes():
@@ -233,14 +248,15 @@ def make_online(bug=None):
                 l = l * alpha + p.sum(dim=-1, keepdim=True)
                 acc = acc * alpha + p @ vb
             m = m if bug == "online_max_not_kept" else m_new
-        o = (acc / l).to(q.dtype)
+        o = acc.to(q.dtype) if bug == "online_not_normalized" else (acc / l).to(q.dtype)
         lse = (m + l) if bug == "lse_output" else (m + torch.log(l))
         return o, lse.squeeze(-1)
     return online_softmax
 
 
 @pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding", "online_unscaled", "online_exp2",
-                                 "mask_hides_diagonal", "online_max_not_kept", "online_p_old_max"])
+                                 "mask_hides_diagonal", "online_max_not_kept", "online_p_old_max",
+                                 "online_not_normalized"])
 def test_online_softmax(bug):
     r = run_checker(check.online_softmax, make_online(bug))
     # p against the old maximum is NaN from the first block on, like an inverted alpha: the
@@ -548,8 +564,10 @@ def _lazy(bug):
         dA = do @ v.T
         dP = dA * (causal & (P + (tau / (i + 1))[:, None] > 0))
         delta = (P * dP).sum(-1, keepdim=True)
-        dS = P * ((dA if bug == "ds_from_da" else dP) - delta)
-        dbias = torch.stack([torch.diagonal(dS, offset=-d).sum() if d < L else dS.new_zeros(()) for d in range(W + 1)])
+        dS = (A if bug == "ds_from_a" else P) * ((dA if bug == "ds_from_da" else dP) - delta)
+        on = dP if bug == "dbias_from_dp" else dS
+        dbias = torch.stack([(torch.diagonal(on, offset=-d).mean() if bug == "dbias_mean" else
+                              torch.diagonal(on, offset=-d).sum()) if d < L else dS.new_zeros(()) for d in range(W + 1)])
         dtau = (dP / (i + 1)).sum() if bug == "dtau_broadcast" else (dP.sum(-1) / (i + 1)).sum()
         return dS @ k * scale, dS.T @ q * scale, dv, dbias, dtau
     return lazy_backward_one_head
@@ -559,6 +577,14 @@ def test_lazy_generic():
     assert_clean(run_checker(check.lazy_backward, _lazy(None)))
     assert_hint(run_checker(check.lazy_backward, _lazy("ds_from_da")), "lazy_ds_from_da")
     assert_hint(run_checker(check.lazy_backward, _lazy("dtau_broadcast")), "lazy_dtau_broadcast")
+
+
+@pytest.mark.parametrize("bug, hint", [("ds_from_a", "lazy_ds_from_a"), ("dbias_from_dp", "lazy_dbias_from_dp"),
+                                       ("dbias_mean", "lazy_dbias_mean")])
+def test_lazy_planted(bug, hint):
+    r = run_checker(check.lazy_backward, _lazy(bug))
+    assert_hint(r, hint)
+    assert "match that computation exactly" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 def test_first_block_only_is_named():

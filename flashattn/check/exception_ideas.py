@@ -149,6 +149,36 @@ _EXCEPTION_IDEAS = [
 ]
 
 
+def substitution_story(results: list) -> Optional[tuple]:
+    """(evidence, idea) when the cases that ran all equal one tensor-for-another swap exactly and
+    the cases that raised are exactly those where the swap's two tensors differ in shape: the
+    same wrong operand runs where it fits and raises where it does not -- not a transpose."""
+    from .substitutions import possible
+
+    raised = [r for r in results if r.error is not None]
+    ran_bad = [r for r in results if r.error is None and not r.ok]
+    if not raised or len(ran_bad) < 2:
+        return None
+    common = set.intersection(*({f for f in r.fingerprints if f.startswith("subst:")} for r in ran_bad))
+    labels = sorted(l for l in common if " in place of " in l and not any(possible(r.case, l[6:]) for r in raised)
+                    and all(possible(r.case, l[6:]) for r in ran_bad))
+    if not labels:
+        return None
+    label = labels[0][6:]
+    said = label.split(" equals ", 1)[-1].split(" equal ", 1)[-1]
+    m = re.search(r"with (\w+) in place of (\w+) in (.+)$", label)
+    product = sorted(f for r in ran_bad[:1] for f in r.fingerprints if f.startswith("operand:"))
+    exact = f"yours equals {product[0].split(':', 1)[1]}, exactly" if product else f"yours: {said}, exactly"
+    evidence = (f"in all {len(ran_bad)} failing cases that ran {exact}; the {len(raised)} that raised are "
+                f"those where the two tensors' shapes differ")
+    swap = f"{m.group(1)} where {m.group(2)} belongs in {m.group(3)}" if m else said
+    idea = ("One product uses the wrong operand, not a transposed one: " + swap + ". Where the two "
+            "tensors happen to have the same shape the product runs and gives a wrong value; where "
+            "they differ it raises. Each gradient is one product with fixed operands: dQ = dS K * "
+            "scale, dK = dS^T Q * scale, dV = P^T dO, dP = dO V^T.")
+    return evidence, idea
+
+
 def exception_idea(raised: list, sep) -> Optional[str]:
     """The idea for the exceptions in ``raised`` (case results); ``sep``: the property that sets
     the raising cases apart, as :func:`flashattn.check.diagnose.separating` gives it."""

@@ -39,7 +39,11 @@ _fp("dp_operand", "dP is computed from the wrong tensor",
     "dP = dO V^T: the output's gradient meets the *values* (O = P V), not the keys.")
 _fp("ds_missing_p", "dS is missing its factor P",
     "dS = P * (dP - delta): the softmax's Jacobian multiplies by P elementwise, which is also "
-    "what keeps hidden and padded keys at 0.", kinds=("dq", "dkdv"), name="ds_no_p")
+    "what keeps hidden and padded keys at 0.", kinds=("backward", "dq", "dkdv"), name="ds_no_p")
+_fp("delta_mean", "delta is a mean over the head dimension, not a sum",
+    "delta = rowsum(dO * O) = sum over the D features of dO * O, one number per query row. "
+    "A mean divides it by D (here every dQ and dK equals the backward with delta / D): use "
+    ".sum(-1, keepdim=True), not .mean(-1).", kinds=("backward",))
 # the causal mask gone wrong, told apart by what each wrong mask computes
 _fp("no_mask", "the causal mask is missing: hidden keys (j > i) get weight",
     "Under a causal mask query i sees keys j <= i only. The hidden scores must be -inf before the "
@@ -207,6 +211,9 @@ _fp("scale_value", "the scale used is not the one given (1/D, or 1)",
     "Use the `scale` argument everywhere (the scores and the factor in dQ and dK); when it has to "
     "be defaulted, the default is 1/sqrt(D), not 1/D. The evidence's computation used another value.",
     kinds=("backward", "dq", "dkdv", "autograd"))
+_fp("online_not_normalized", "O is returned without dividing by the normaliser l",
+    "acc holds the unnormalised sum of p V; the softmax divides by its row sum, so O = acc / l "
+    "after the loop (the LSE, m + log(l), is already right).", kinds=("online_softmax",))
 _fp("online_alpha_on_new", "alpha multiplies the new block instead of the running sums",
     "alpha = exp(m_old - m_new) rescales what was accumulated *before* the maximum changed: "
     "l = l * alpha + rowsum(p), acc = acc * alpha + p V. Applied to the new block instead, the "
@@ -215,6 +222,17 @@ _fp("lazy_ds_from_da", "dS is built from dA where dP = dA * gate belongs",
     "The softmax's Jacobian acts on the gradient that reaches P: dP = dA * gate (the ReLU's gate, "
     "causal entries only), then dS = P * (dP - delta). dA is the gradient of A, one step earlier.",
     kinds=("lazy",))
+_fp("lazy_ds_from_a", "dS is built with A where the softmax's P belongs",
+    "dS = P * (dP - delta) is the softmax's Jacobian applied to dP: it multiplies by the softmax "
+    "output P. A = ReLU(P + tau/(i+1)) is the next step of the forward and enters only dV = A^T dO.",
+    kinds=("lazy",))
+_fp("lazy_dbias_from_dp", "dBias sums dP where dS belongs",
+    "bias[d] is added to the scores S, before the softmax: its gradient is the gradient of S, "
+    "dBias[d] = sum of dS along diagonal d. dP is the gradient after the softmax (of P).",
+    kinds=("lazy",))
+_fp("lazy_dbias_mean", "dBias averages each diagonal instead of summing it",
+    "bias[d] enters every entry of diagonal d, so its gradient is the *sum* of dS over them: "
+    ".sum(), not .mean() (a mean divides diagonal d by its L - d entries).", kinds=("lazy",))
 _fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query row's",
     "tau/(i+1) belongs to query row i: divide each *row* of dP by i + 1 (a column vector, "
     "one value per row). A vector of length L broadcasts along the last axis, dividing column j "

@@ -98,6 +98,10 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
     out["exp2"] = _grads_from_p(case, x, torch.exp2(ref.S - lse))       # exp2(-inf) = 0 keeps the mask
     out["dp_operand"] = _grads_from_p(case, x, ref.P, dP=ref.dO @ k_full.transpose(-1, -2))
     if kind == "backward":                                               # a softmax over the queries
+        # delta = (do * o).mean(-1): the row sum divided by D
+        out["delta_mean"] = _grads_from_p(case, x, ref.P, delta=ref.delta[..., None] / case.D)
+        # dS = dP - delta: the factor P forgotten (hidden keys get dP - delta too)
+        out["ds_no_p"] = _grads_from_p(case, x, ref.P, dS=ref.dP - ref.delta[..., None])
         out["softmax_axis"] = _grads_from_p(case, x, torch.softmax(ref.S, dim=-2))
         divided = raw / s                                                # scale taken for sqrt(D)
         if case.causal:
@@ -345,7 +349,8 @@ def online_variants(case: Case, x: Inputs) -> dict:
     return {"online_unscaled": _online(case, x, 1.0, torch.exp),
             "online_exp2": _online(case, x, case.scale_value, torch.exp2),
             "online_max_not_kept": _online(case, x, case.scale_value, torch.exp, slip="max_not_kept"),
-            "online_alpha_on_new": _online(case, x, case.scale_value, torch.exp, slip="alpha_on_new")}
+            "online_alpha_on_new": _online(case, x, case.scale_value, torch.exp, slip="alpha_on_new"),
+            "online_not_normalized": _online(case, x, case.scale_value, torch.exp, slip="not_normalized")}
 
 
 def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
@@ -373,7 +378,9 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
             acc = acc * alpha + p @ v[..., n0:n0 + block, :]
         if slip != "max_not_kept":
             m = m_new
-    return {"O": acc / l, "LSE": (m + torch.log(l))[..., 0]}
+    # O returned as the running sum acc, never divided by the normaliser l
+    o = acc.to(x.q.dtype).to(torch.float64) if slip == "not_normalized" else acc / l
+    return {"O": o, "LSE": (m + torch.log(l))[..., 0]}
 
 
 def _last_block(case: Case, x: Inputs, kind: str, block: int, last_head: bool = False) -> dict:
@@ -448,6 +455,8 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
     dP_no_gate = dA * causal
     dS_no_gate = P * (dP_no_gate - (P * dP_no_gate).sum(-1, keepdim=True))
     dS_from_dA = P * (dA - (P * dP).sum(-1, keepdim=True))        # dA where dP = dA * gate belongs
+    dS_from_A = f["A"] * (dP - f["delta"][..., None])             # A where the softmax's P belongs
+    lengths = (L - torch.arange(W + 1)).clamp_min(1).double()     # entries on diagonal d (0 past L)
     return {
         "lazy_delta": {"dQ": dS_wrong_delta @ k * scale, "dK": dS_wrong_delta.transpose(-1, -2) @ q * scale,
                        "dBias": diagonal_sums(dS_wrong_delta, W)},
@@ -462,6 +471,10 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_dtau_causal": {"dTau": (dA.sum(-1) * inv).sum(-1)},
         "lazy_ds_from_da": {"dQ": dS_from_dA @ k * scale, "dK": dS_from_dA.transpose(-1, -2) @ q * scale,
                             "dBias": diagonal_sums(dS_from_dA, W)},
+        "lazy_ds_from_a": {"dQ": dS_from_A @ k * scale, "dK": dS_from_A.transpose(-1, -2) @ q * scale,
+                           "dBias": diagonal_sums(dS_from_A, W)},
+        "lazy_dbias_from_dp": {"dBias": diagonal_sums(dP, W)},
+        "lazy_dbias_mean": {"dBias": diagonal_sums(dS, W) / lengths},
         # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
         "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},
     }

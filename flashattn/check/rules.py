@@ -20,7 +20,7 @@ import torch
 
 from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, rule, separating
-from .exception_ideas import exception_idea
+from .exception_ideas import exception_idea, substitution_story
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -128,6 +128,9 @@ def _exception(ctx):
     sep = separating(ctx.results, raised)
     where = f"only in {sep[0].label}" if sep and sep[1] else f"in {len(raised)} of {len(ctx.results)} cases"
     evidence = f"raised {where} ({ctx.names_of(raised)})"
+    story = substitution_story(ctx.results)
+    if story:                      # a wrong operand: it runs where shapes fit, raises elsewhere
+        return f"{evidence}; {story[0]}", story[1]
     idea = exception_idea(raised, sep)
     return (evidence, idea) if idea else evidence
 
