@@ -117,9 +117,14 @@ class EagerAttention(torch.autograd.Function):
 _EAGER_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
+def traced(*tensors) -> bool:
+    """Is this call being compiled or traced (fake or functional tensors), not run eagerly?"""
+    return torch.compiler.is_compiling() or any(type(t) not in _EAGER_TYPES for t in tensors)
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
               impl: str) -> torch.Tensor:
     """O of attention (differentiable): through the operators when traced or compiled."""
-    if torch.compiler.is_compiling() or any(type(t) not in _EAGER_TYPES for t in (q, k, v)):
+    if traced(q, k, v):
         return attention_forward_op(q, k, v, causal, scale, impl)[0]
     return EagerAttention.apply(q, k, v, causal, scale, impl)

@@ -18,6 +18,7 @@ from .. import runtime
 from ..configs import KernelConfig
 from ..features import dropout_counters
 from ..fast import fast_attention_backward, fast_attention_forward, supports
+from ..ops import traced
 from . import ops
 from .kernels import Layout, beyond_backward, beyond_forward, window_bounds
 
@@ -127,7 +128,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     causal = runtime.validate_causal(causal)
     scale = runtime.validate_scale(scale, q.shape[-1])
     window = validate_window(window)
-    compiled = config is None and ops.traced(q, k, v)        # torch.compile: through the operators
+    compiled = config is None and traced(q, k, v)        # torch.compile: through the operators
     dropout_p, seed = validate_dropout(dropout_p, seed, q.shape[2], k.shape[2], draw=not compiled)
     q_, k_, v_ = _in_kernel_dtype(q, k, v)
     impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, q.shape[2], k.shape[2])

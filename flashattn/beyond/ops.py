@@ -73,11 +73,6 @@ def _backward(ctx, do, dlse):
 forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def traced(*tensors) -> bool:
-    """Is this call being compiled or traced (fake or functional tensors), not run eagerly?"""
-    return torch.compiler.is_compiling() or any(type(t) not in (torch.Tensor, torch.nn.Parameter) for t in tensors)
-
-
 def attention(q, k, v, seed, mask, scale: float, dropout_p: float, impl: str) -> torch.Tensor:
     """O through the operators; ``seed`` an int or None (drawn in the graph)."""
     seed_t = torch.randint(0, 2 ** 31 - 1, (), dtype=torch.int64) if seed is None else \

@@ -6,16 +6,15 @@ a window, only with several sequences -- when no fingerprint fits. Registered in
 """
 from __future__ import annotations
 
-from .diagnose import fingerprint_test as _fingerprint
-from .diagnose import rule
+from .diagnose import fingerprint_rule, rule
 
 KINDS = ("window", "beyond")
 WINDOW_IDEA = ("window = (left, right): query i sees keys i - left ... i + right, both ends included "
                "(-1: no limit on that side), counted from the start of each sequence. Causal is (-1, 0).")
 
 
-def _slip_rule(id: str, title: str, idea: str, kinds=KINDS, name=None):
-    rule(id, title, idea, kinds=kinds)(_fingerprint(name or id))
+def _slip_rule(id: str, title: str, idea: str, kinds=KINDS):
+    fingerprint_rule(id, title, idea, kinds)
 
 
 # --------------------------------------------------------------------------------------

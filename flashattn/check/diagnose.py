@@ -240,6 +240,11 @@ def fingerprint_test(name: str):
     return test
 
 
+def fingerprint_rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None, name: Optional[str] = None):
+    """Register diagnosis ``id``: the failing cases match fingerprint ``name`` (default: ``id``)."""
+    rule(id, title, idea, kinds=kinds)(fingerprint_test(name or id))
+
+
 def diagnose(results: list, kind: str) -> list:
     """The first rule that fits, as a one-element list of :class:`Diagnosis` ([] if all passed)."""
     from . import rules  # noqa: F401  (registers the rules, in order)

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import math
 
-from .diagnose import fingerprint_test as _fingerprint
+from .diagnose import fingerprint_rule as _fp
 from .diagnose import rule
-
-
-def _fp(id: str, title: str, idea: str, kinds=None, name=None):
-    rule(id, title, idea, kinds=kinds)(_fingerprint(name or id))
 
 
 _fp("delta", "dS is missing the - delta term",
