@@ -76,11 +76,12 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     # kernels need the inner tile to divide the outer one (dq: BLOCK_N | BLOCK_M; dkdv:
     # BLOCK_M | BLOCK_N) so that the causal diagonal falls on whole inner tiles.
     "fast_fwd": [_c(128, 64, 4, 3), _c(128, 64, 8, 3), _c(128, 128, 8, 3), _c(128, 128, 8, 2),
-                 _c(64, 64, 4, 3), _c(64, 32, 4, 2)],
+                 _c(64, 64, 4, 3), _c(128, 32, 8, 3), _c(64, 32, 4, 2)],
     "fast_dq": [_c(128, 64, 8, 3), _c(128, 64, 8, 2), _c(128, 32, 4, 3), _c(64, 64, 4, 3),
-                _c(128, 64, 4, 3), _c(128, 64, 8, 1), _c(64, 32, 4, 1)],
+                _c(128, 64, 4, 3), _c(128, 64, 8, 1), _c(32, 32, 4, 3), _c(64, 32, 4, 1)],
     "fast_dkdv": [_c(64, 128, 8, 2), _c(32, 128, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 3),
-                  _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(32, 32, 4, 2), _c(32, 64, 4, 1)],
+                  _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(64, 128, 8, 3), _c(32, 32, 4, 3), _c(32, 32, 4, 2),
+                  _c(32, 64, 4, 1)],
     # lazy attention (its dQ kernel sums dBias along the diagonals of square tiles)
     "lazy_fwd": [_c(128, 64, 8, 3), _c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
     "lazy_pre": [_c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
@@ -97,6 +98,15 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
     ("fast_fwd", 64): _c(128, 64, 8, 3), ("fast_fwd", 128): _c(128, 128, 8, 3),
     ("fast_dq", 64): _c(64, 64, 4, 3), ("fast_dq", 128): _c(128, 64, 8, 3), ("fast_dq", 256): _c(128, 64, 8, 1),
     ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2), ("fast_dkdv", 256): _c(32, 32, 4, 2),
+}
+
+#: The fast kernels with fp32 inputs (three TF32 products per product, fp32 tiles of twice the
+#: bytes): an H100 sweep of each kernel (2026-11-23; B=4, H=16, S=4096; D=128 causal, D=64 not)
+#: found the fp16 choices up to 1.6x slower. At D=128: forward 7.0 ms against 10.8, dQ 12.7
+#: against 15.6, dK/dV 18.2 against 28.0; at D=64: dQ 6.4 against 9.6, dK/dV 10.6 against 18.0.
+PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
+    ("fast_fwd", 128): _c(128, 32, 8, 3), ("fast_dq", 64): _c(128, 64, 8, 3), ("fast_dq", 128): _c(32, 32, 4, 3),
+    ("fast_dkdv", 64): _c(64, 128, 8, 3), ("fast_dkdv", 128): _c(32, 32, 4, 3),
 }
 
 #: The fast kernels with lesson 09's features, at D=128 (an H100 sweep of the candidates on the
@@ -202,7 +212,7 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int,
     block_d = runtime.head_dim_block(head_dim)
     base = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
     d_class = min(max(block_d, 64), 256)
-    first = PREFERRED.get((kernel, d_class))
+    first = (PREFERRED_FP32.get((kernel, d_class)) if elem_bytes == 4 else None) or PREFERRED.get((kernel, d_class))
     cands = [first] + [c for c in base if c != first] if first in base else list(base)
     if (kernel, d_class, feature) in PREFERRED_WITH:
         first = PREFERRED_WITH[(kernel, d_class, feature)]
