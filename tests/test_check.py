@@ -31,6 +31,10 @@ def make_backward(bug=None):
         mask = causal_mask(S.shape[-2], S.shape[-1], S.device)
         if bug == "mask_hides_diagonal":
             mask = mask & ~torch.eye(*mask.shape, dtype=torch.bool, device=mask.device)
+        if bug == "mask_ge":              # tril(-1) taken as the hidden part: keys j >= i kept
+            mask = ~torch.ones_like(mask).tril(-1)
+        if bug == "mask_bottom_right":    # FlashAttention's alignment for S_q != S_k
+            mask = torch.ones_like(mask).tril(S.shape[-1] - S.shape[-2])
         if causal and bug not in ("mask_after_softmax", "no_mask"):
             S = S.masked_fill(mask if bug == "mask_inverted" else ~mask, 0.0 if bug == "mask_zero" else float("-inf"))
         P = torch.softmax(S, dim=-2 if bug == "softmax_axis" else -1)
@@ -43,8 +47,9 @@ def make_backward(bug=None):
         if bug == "dp_scaled":
             dP = 1.1 * dP
         delta = do.mul_(o) if bug == "inplace_do" else dP if bug == "delta_rowsum_dp" else do * o
-        delta = delta.mean(dim=-1, keepdim=True) if bug == "delta_mean" else delta.sum(dim=-1, keepdim=True)
-        dS = P * dP if bug == "delta" else dP - delta if bug == "ds_no_p" else P * (delta - dP) if bug == "sign" else P * (dP - delta)
+        delta = delta.mean(dim=-1, keepdim=True) if bug == "delta_mean" else delta.sum() if bug == "delta_scalar" \
+            else delta.sum(dim=-1, keepdim=True)
+        dS = P * dP if bug == "delta" else P * (1 - P) * dP if bug == "ds_diagonal" else dP - delta if bug == "ds_no_p" else P * (delta - dP) if bug == "sign" else P * (dP - delta)
         dq = dS @ k if bug == "scale" else (dS @ (v if bug == "dq_from_v" else k)) * used_scale
         if bug == "race":       # dK summed over query blocks in an order that changes per call
             dk = torch.zeros_like(k)
@@ -82,7 +87,8 @@ def test_attention_backward_correct_passes():
     ("scale", "scale"), ("delta", "delta"),
     ("race", "race"), ("scale_in_scores", "scale_in_scores"), ("grad_order", "grad_order"),
     ("dq_dk_swapped", "grad_order"), ("default_scale", "default_scale"), ("dv_formula", "wrong_operand"),
-    ("delta_mean", "delta_mean"), ("ds_no_p", "ds_missing_p"),
+    ("delta_mean", "delta_mean"), ("ds_no_p", "ds_missing_p"), ("delta_scalar", "delta_scalar"),
+    ("ds_diagonal", "ds_diagonal"), ("mask_ge", "mask_ge"), ("mask_bottom_right", "mask_bottom_right"),
 ])
 def test_attention_backward_planted(bug, hint):
     assert_hint(run_checker(check.attention_backward, make_backward(bug)), hint)
@@ -194,7 +200,11 @@ def make_rebuild_p(bug=None):
         hidden = ~causal_mask(*shape, S.device)
         if bug == "mask_strict":                          # triu(0): the diagonal hidden too
             hidden = torch.ones_like(hidden).triu(0)
-        if causal and bug != "no_mask":
+        if bug == "mask_ge":                              # tril(-1): keys before the query hidden
+            hidden = torch.ones_like(hidden).tril(-1)
+        if bug == "mask_bottom_right":
+            hidden = torch.ones_like(hidden).triu(S.shape[-1] - S.shape[-2] + 1)
+        if (causal or bug == "mask_always") and bug != "no_mask":
             S = S.masked_fill(~hidden if bug == "mask_inverted" else hidden,
                               0.0 if bug == "mask_zero" else float("-inf"))
         if bug == "lse":          # exp2 where the forward's LSE is a natural log
@@ -203,6 +213,12 @@ def make_rebuild_p(bug=None):
             return torch.exp(S) / lse[..., None]
         if bug == "lse_added":
             return torch.exp(S + lse[..., None])
+        if bug == "p_sign":
+            return torch.exp(lse[..., None] - S)
+        if bug == "exp2_lse":     # S in base 2, the natural-log LSE left as it is
+            return torch.exp2(S * 1.4426950408889634 - lse[..., None])
+        if bug == "log_p":
+            return S - lse[..., None]
         if bug == "scale_on_difference":
             return torch.exp((S - lse[..., None]) * scale)
         return torch.exp(S - lse[..., None])
@@ -214,7 +230,9 @@ def test_rebuild_p():
     for bug, hint in [("no_mask", "no_mask"), ("mask_inverted", "mask_inverted"), ("mask_zero", "mask_zero"),
                       ("mask_strict", "mask_strict"), ("lse_added", "lse_added"),
                       ("scale_on_difference", "scale_on_difference"),
-                      ("lse", "lse"), ("lse_divided", "lse_divided"), ("scale_in_scores", "scale_in_scores")]:
+                      ("lse", "lse"), ("lse_divided", "lse_divided"), ("scale_in_scores", "scale_in_scores"),
+                      ("p_sign", "p_sign"), ("log_p", "log_p"), ("exp2_lse", "exp2_lse"), ("mask_ge", "mask_ge"),
+                      ("mask_bottom_right", "mask_bottom_right"), ("mask_always", "mask_always")]:
         assert_hint(run_checker(check.rebuild_p, make_rebuild_p(bug)), hint)
     r = run_checker(check.rebuild_p, make_rebuild_p("mask_args_swapped"))
     assert_hint(r, "exception")
@@ -231,15 +249,15 @@ def make_online(bug=None):
         rows = torch.arange(S_q, device=q.device)[:, None]
         end = S_k - block_n + 1 if bug == "padding" else S_k     # drops the partial last block
         for start in range(0, end, block_n):
-            end = block_n if bug == "slice_end" else start + block_n
+            end = block_n if bug == "slice_end" else start + block_n - (bug == "online_block_short")
             kb, vb = k[:, :, start:end].float(), v[:, :, start:end].float()
-            s = (q.float() @ kb.transpose(-1, -2)) * (1.0 if bug == "online_unscaled" else scale)
+            s = (q.float() @ kb.transpose(-1, -2)) * (1.0 if bug in ("online_unscaled", "online_scale_in_p") else scale)
             if causal:
                 cols = torch.arange(start, start + kb.shape[2], device=q.device)[None, :]
                 s = s.masked_fill(cols >= rows if bug == "mask_hides_diagonal" else cols > rows, float("-inf"))
-            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            m_new = s.amax(dim=-1, keepdim=True) if bug == "online_block_max" else torch.maximum(m, s.amax(dim=-1, keepdim=True))
             alpha = torch.exp(m - m_new)
-            p = torch.exp2(s - m_new) if bug == "online_exp2" else \
+            p = torch.exp2(s - m_new) if bug == "online_exp2" else torch.exp((s - m_new) * scale) if bug == "online_scale_in_p" else \
                 torch.exp(s - m) if bug == "online_p_old_max" else torch.exp(s - m_new)
             if bug == "rescale":
                 l = l + p.sum(dim=-1, keepdim=True)
@@ -256,7 +274,8 @@ def make_online(bug=None):
 
 @pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding", "online_unscaled", "online_exp2",
                                  "mask_hides_diagonal", "online_max_not_kept", "online_p_old_max",
-                                 "online_not_normalized"])
+                                 "online_not_normalized", "online_block_max", "online_block_short",
+                                 "online_scale_in_p"])
 def test_online_softmax(bug):
     r = run_checker(check.online_softmax, make_online(bug))
     # p against the old maximum is NaN from the first block on, like an inverted alpha: the
@@ -271,8 +290,12 @@ def make_function(bug=None):
     class Attention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, causal, scale):
-            o, lse = flashattn.attention_forward(q, k, v, causal and bug != "forward_not_causal", scale)
-            ctx.save_for_backward(q, k, v, o, lse)
+            o, lse = flashattn.attention_forward(q, k, v, causal and bug != "forward_not_causal",
+                                                 *(() if bug == "forward_default_scale" else (scale,)))
+            if bug == "save_plain_values":      # causal and scale are not tensors
+                ctx.save_for_backward(q, k, v, o, lse, causal, scale)
+            else:
+                ctx.save_for_backward(q, k, v, o, lse)
             ctx.causal, ctx.scale = (scale, causal) if bug == "ctx_swap" else (causal, scale)
             return o
 
@@ -297,6 +320,8 @@ def make_function(bug=None):
                 dq, dk, dv = flashattn.attention_backward(q, k, v, o, do, lse, causal, scale)
             if bug == "needs_grad_index":
                 dq = dq if ctx.needs_input_grad[1] else None
+            if bug == "dkdv_guard_k_only":      # dV asked for, k frozen: dV must still come back
+                dk, dv = (dk, dv) if ctx.needs_input_grad[1] else (None, None)
             if bug == "grad_order":
                 return dq, dv, dk, None, None
             if bug == "dq_dk_swapped":
@@ -307,7 +332,7 @@ def make_function(bug=None):
 
     def attention(q, k, v, causal=False, scale=None):
         if scale is None:                  # as the exercise's wrapper does
-            scale = 1.0 / q.shape[-1] ** 0.5
+            scale = 1.0 / q.shape[-1 if bug != "scale_seq_len" else -2] ** 0.5
         return Attention.apply(q, k, v, causal, scale)
     return attention
 
@@ -323,9 +348,21 @@ def test_autograd_function_correct_passes():
                                        ("needs_grad_index", "none_gradient"), ("scale", "default_scale"),
                                        ("saved_order", "saved_order"),
                                        ("lse", "everything_wrong"), ("grad_order", "grad_order"),
-                                       ("dq_dk_swapped", "grad_order")])
+                                       ("dq_dk_swapped", "grad_order"), ("dkdv_guard_k_only", "none_gradient"),
+                                       ("forward_default_scale", "default_scale"), ("scale_seq_len", "scale_value")])
 def test_autograd_function_planted(bug, hint):
-    assert_hint(run_checker(check.autograd_function, make_function(bug)), hint)
+    r = run_checker(check.autograd_function, make_function(bug))
+    assert_hint(r, hint)
+    says = {"forward_default_scale": "the *forward* ran with the default 1/sqrt(D)",
+            "scale_seq_len": "your outputs are those of scale = 1/sqrt(S_k) = 1/sqrt(S_q)"}
+    if bug in says:
+        assert says[bug] in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_saving_plain_values_for_backward_is_explained():
+    r = run_checker(check.autograd_function, make_function("save_plain_values"))
+    assert_hint(r, "exception")
+    assert "ctx.save_for_backward takes tensors only" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 def test_autograd_wrong_number_of_gradients_is_explained():
@@ -562,8 +599,10 @@ def _lazy(bug):
         causal = i[None, :] <= i[:, None]
         dv = A.T @ do
         dA = do @ v.T
-        dP = dA * (causal & (P + (tau / (i + 1))[:, None] > 0))
-        delta = (P * dP).sum(-1, keepdim=True)
+        c = tau / (i + 1)
+        gate = (P + (c[None, :] if bug == "gate_c_column" else c[:, None]) > 0)
+        dP = dA if bug == "no_gate" else dA * (gate if bug == "gate_not_causal" else causal & gate)
+        delta = (P * (dA if bug == "delta_from_da" else dP)).sum(-1, keepdim=True)
         dS = (A if bug == "ds_from_a" else P) * ((dA if bug == "ds_from_da" else dP) - delta)
         on = dP if bug == "dbias_from_dp" else dS
         dbias = torch.stack([(torch.diagonal(on, offset=-d).mean() if bug == "dbias_mean" else
@@ -580,11 +619,14 @@ def test_lazy_generic():
 
 
 @pytest.mark.parametrize("bug, hint", [("ds_from_a", "lazy_ds_from_a"), ("dbias_from_dp", "lazy_dbias_from_dp"),
-                                       ("dbias_mean", "lazy_dbias_mean")])
+                                       ("dbias_mean", "lazy_dbias_mean"), ("gate_not_causal", "lazy_gate_not_causal"),
+                                       ("gate_c_column", "lazy_gate_c_column"), ("delta_from_da", "lazy_delta_from_da"),
+                                       ("no_gate", "lazy_gate")])
 def test_lazy_planted(bug, hint):
     r = run_checker(check.lazy_backward, _lazy(bug))
     assert_hint(r, hint)
-    assert "match that computation exactly" in " ".join(r.diagnosis().split()), r.diagnosis()
+    assert ("match dP = dA without the gate exactly" if bug == "no_gate" else "match that computation exactly") \
+        in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 def test_first_block_only_is_named():

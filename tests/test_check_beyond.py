@@ -1,5 +1,7 @@
 """Lesson 09's checkers: the worked solution passes, and every diagnosis is proven by a planted
 mistake -- a one-line edit of the solution -- that triggers exactly it."""
+import linecache
+
 import pytest
 
 from flashattn import check
@@ -56,7 +58,9 @@ def solution(old=None, new=None):
         assert src.count(old) == 1, old
         src = src.replace(old, new)
     namespace = {}
-    exec(compile(src, "<exercise 09>", "exec"), namespace)
+    name = f"<exercise 09 {abs(hash(src))}>"     # registered as a notebook cell is: the checker reads its lines
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    exec(compile(src, name, "exec"), namespace)
     return namespace
 
 
@@ -73,10 +77,12 @@ WINDOW_SLIPS = [
     ("    if left >= 0:\n        seen &= j >= i - left", "    seen &= j >= i - left", "window_minus_one"),
     ("i = torch.arange(S_q)[:, None]", "i = torch.arange(S_q)[:, None] + S_k - S_q", "window_bottom_right"),
     ("    if left >= 0:\n", "    if left > 0:\n", "window_zero_unlimited"),
+    ("    if left >= 0:\n        seen &= j >= i - left\n    if right >= 0:",
+     "    if left > 0:\n        seen &= j >= i - left\n    if right > 0:", "window_zero_unlimited"),
 ]
 
 
-@pytest.mark.parametrize("old,new,hint", WINDOW_SLIPS, ids=[s[2] for s in WINDOW_SLIPS])
+@pytest.mark.parametrize("old,new,hint", WINDOW_SLIPS, ids=[f"{s[2]}-{i}" for i, s in enumerate(WINDOW_SLIPS)])
 def test_window_slips_are_named_by_both_checkers(old, new, hint):
     ns = solution(old, new)
     assert_hint(run_checker(check.window_mask, ns["visible_mask"]), hint)
@@ -123,6 +129,8 @@ BACKWARD_SLIPS = [
      "keep = dropout_mask(seed, H, cu_q[-1], cu_k[-1], dropout_p, q.device)[:, qs, ks]", "mask_sliced_from_whole"),
     ("dv = (P * z).transpose(-1, -2) @ do", "dv = (P * keep.to(q.dtype) * (1.0 + dropout_p)).transpose(-1, -2) @ do",
      "dropout_rescale"),     # 1 / (1 - p) "approximated" by 1 + p: no classic slip, a constant factor
+    ("heads = lambda t: t.transpose(0, 1)", "heads = lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])",
+     "heads_reshape"),
 ]
 
 
@@ -140,3 +148,16 @@ def test_input_written_in_place_is_named():
     assert_hint(r, "input_modified")
     text = " ".join(r.diagnosis().split())
     assert "wrote into its input Q in" in text and "scaled by 2)" in text, text
+
+
+@pytest.mark.parametrize("old, new, says", [
+    ("qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])", "qs = ks = slice(cu_q[b], cu_q[b + 1])",
+     "key-side ones (k, v) with cu_seqlens_k[b]:cu_seqlens_k[b + 1]"),
+    ("lse[qs].T, keep", "lse[qs], keep", "is in the packed layout, heads last"),
+])
+def test_packed_layout_slips_raise_with_their_story(old, new, says):
+    """Shape errors of the packed loop: keys sliced with the queries' offsets, a sequence's LSE
+    left [S_q, H]. The exception's idea says which slice or layout."""
+    r = run_checker(check.beyond_backward, solution(old, new)["packed_backward"])
+    assert_hint(r, "exception")
+    assert says in " ".join(r.diagnosis().split()), r.diagnosis()

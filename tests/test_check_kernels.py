@@ -96,7 +96,11 @@ DQ_BUGS = {
     "dq.dq_from_v": ("wrong_operand", "yours equals dQ = dS V"),
     "dq.dp_transposed": ("dp_tile_transposed", "match that computation"),
     "dq.q_row_stride_typo": ("address_past_end", "past the end of Q"),
-    "dq.causal_mask_transposed_ge": ("mask_tile_transposed", "match that computation"),
+    # on square tiles the other way round hides every tile but the diagonal one: the same
+    # outputs as a loop that starts there, and the diagnosis says both
+    "dq.causal_mask_transposed_ge": ("only_diagonal_tile", "a mask transposed inside the tile"),
+    "dq.loop_from_diagonal": ("only_diagonal_tile", "match that computation"),
+    "dq.delta_with_lse_strides": ("stride", "delta's strides differ from LSE's"),
     "dq.delta_as_row": ("delta_broadcast", "match that computation"),
     "dq.ds_without_p": ("ds_missing_p", "match that computation"),
     "dq.dp_from_k": ("dp_operand", "match that computation"),
@@ -123,6 +127,8 @@ DKDV_BUGS = {
     "dkdv.do_head_stride": ("stride", "dO's head stride differs from Q's"),
     "dkdv.causal_mask_on_S_with_0": ("mask_zero", "match that computation"),
     "dkdv.causal_ge": ("mask_ge", "match that computation"),
+    "dkdv.row_mask_uses_S_k": ("row_mask_length", "and of nothing else"),
+    "dkdv.dv_from_unmasked_p": ("no_mask", "Only dV is wrong, and it equals dV with P unmasked"),
     "dkdv.dv_from_q": ("wrong_operand", "yours equals dV = P^T Q"),
     "dkdv.dk_from_do": ("wrong_operand", "yours equals dK = dS^T dO"),
     "dkdv.diagonal_tile_skipped": ("diag_tile_skipped", "match that computation"),
@@ -193,15 +199,40 @@ def test_dkdv_kernel_planted_gqa(bug, hint):
     assert_hint(r, hint)
 
 
+def launch_dq_gqa(q, k, v, do, lse, delta, dq, causal, scale):
+    """The package's dQ kernel with GROUP_SIZE = H // H_kv (a planted copy runs)."""
+    B, H, S_q, D = q.shape
+    backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * H)](
+        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *lse.stride(), *delta.stride(), *dq.stride(), H, H // k.shape[1], S_q, k.shape[2], D, scale,
+        **_common(q, k, scale, causal))
+
+
 def test_dq_kernel_wrong_kv_head_under_gqa():
+    with planted.plant("dq.kv_head_is_query_head"):
+        assert_hint(run_checker(check.dq_kernel, launch_dq_gqa, gqa=True), "gqa")
+
+
+def test_dq_group_size_given_as_h_kv_is_named():
+    """The launcher passes H_kv where GROUP_SIZE = H // H_kv belongs: kv_head, with the formula."""
     def launch(q, k, v, do, lse, delta, dq, causal, scale):
         B, H, S_q, D = q.shape
         backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * H)](
             q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-            *lse.stride(), *delta.stride(), *dq.stride(), H, H // k.shape[1], S_q, k.shape[2], D, scale,
+            *lse.stride(), *delta.stride(), *dq.stride(), H, k.shape[1], S_q, k.shape[2], D, scale,
             **_common(q, k, scale, causal))
-    with planted.plant("dq.kv_head_is_query_head"):
-        assert_hint(run_checker(check.dq_kernel, launch, gqa=True), "gqa")
+    r = run_checker(check.dq_kernel, launch, gqa=True)
+    assert_hint(r, "kv_head")
+    assert "it fits h_kv = h // H_kv" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_dq_kv_offset_with_the_query_head_is_named():
+    """K and V read with the query head h: heads h < H_kv read K/V head h, the others read past
+    the last K/V head (NaN there); the evidence gives that map."""
+    with planted.plant("dq.kv_offset_with_h"):
+        r = run_checker(check.dq_kernel, launch_dq_gqa, gqa=True)
+    assert_hint(r, "gqa")
+    assert "K and V are offset with the query head h" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 @pytest.fixture(params=["interpreter", "gpu"])
@@ -477,6 +508,30 @@ def test_dkdv_grid_sized_by_s_q_is_named():
     r = run_checker(check.dkdv_kernel, launch)
     assert_hint(r, "grid_length")
     assert "a grid of cdiv(S_q, 32) blocks" in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_dkdv_group_of_interleaved_heads_is_named_with_its_map():
+    """h = g * GROUP_SIZE + h_kv in the dK/dV loop: each K/V head sums the wrong query heads,
+    and the evidence shows which (gqa, with the map)."""
+    with planted.plant("dkdv.group_interleaved"):
+        r = run_checker(check.dkdv_kernel, launch_dkdv_direct, gqa=True)
+    assert_hint(r, "gqa")
+    text = " ".join(r.diagnosis().split())
+    assert "K/V head 0: query heads [0, 2]" in text and "g * GROUP_SIZE + h_kv" in text, r.diagnosis()
+
+
+def test_dq_grid_over_kv_heads_is_named():
+    """A dQ grid of B * H_kv programs under GQA: the query heads of the missing programs are
+    never written, the others are right (grid_heads, not a wrong head index)."""
+    def launch(q, k, v, do, lse, delta, dq, causal, scale):
+        B, H, S_q, D = q.shape
+        backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * k.shape[1])](
+            q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+            *lse.stride(), *delta.stride(), *dq.stride(), H, H // k.shape[1], S_q, k.shape[2], D, scale,
+            **_common(q, k, scale, causal))
+    r = run_checker(check.dq_kernel, launch, gqa=True)
+    assert_hint(r, "grid_heads")
+    assert "B * H_kv programs ran" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 def test_dq_loop_on_the_first_key_block_is_named():

@@ -121,6 +121,12 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 "lse_divided": {"P": torch.exp(ref.S) / ref.LSE[..., None]},
                 "lse_added": {"P": torch.exp(ref.S + lse)},
                 "scale_on_difference": {"P": torch.exp((raw - lse) * case.scale_value).masked_fill(hidden, 0.0)},
+                "exp2_lse": {"P": torch.exp2(ref.S * 1.4426950408889634 - lse)},
+                **_transposed_scores(case, raw * s, lse, hidden),
+                "p_sign": {"P": torch.exp(lse - ref.S)},
+                "p_sign:masked": {"P": torch.exp(lse - ref.S).masked_fill(hidden, 0.0)},
+                "log_p": {"P": ref.S - lse},
+                "log_p:masked": {"P": (ref.S - lse).masked_fill(hidden, 0.0)},
                 "exp_minus_lse:unmasked": {"P": torch.exp(ref.S) - lse},
                 "exp_minus_lse:masked": {"P": (torch.exp(ref.S) - lse).masked_fill(hidden, 0.0)},
                 **mask_variants(case, x, "rebuild_p")}
@@ -129,6 +135,14 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                        kind="rebuild_p", dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed,
                        with_do=False, variants=variants,
                        raise_on_fail=raise_on_fail, show=show)
+
+
+def _transposed_scores(case, S, lse, hidden) -> dict:
+    """P rebuilt from S^T = K Q^T (square cases only: elsewhere the shapes refuse)."""
+    if case.S_q != case.S_k:
+        return {}
+    St = S.transpose(-1, -2)
+    return {"scores_transposed": {"P": torch.exp(St.masked_fill(hidden, float("-inf")) - lse)}}
 
 
 def _online_cases(cases):

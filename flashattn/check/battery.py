@@ -32,7 +32,8 @@ class Case:
     ``layout``: the memory layouts of q, k, v (see :func:`make_input`); ``do_layout`` that of
     dO (``"stride0"``: one number expanded to the full shape, like the dO autograd hands over
     after ``out.sum()``; ``"sum"``, for the autograd checker only: call ``out.sum()``).
-    ``stats_padded``: LSE and delta with a NaN gap after each head's rows.
+    ``stats_padded``: LSE and delta with a NaN gap after each head's rows ("lse" or "delta":
+    that one only, so that their strides differ).
     ``repeat``: run twice and compare the bits (catches run-to-run differences).
     ``block_n``: for the online-softmax checker, the key block size handed to the function.
     ``requires``: for the autograd checker, which of q, k, v require grad.
@@ -49,7 +50,7 @@ class Case:
     do_layout: str = "contiguous"
     scale: Optional[float] = None
     H_kv: Optional[int] = None
-    stats_padded: bool = False
+    stats_padded: object = False           # True, False, "lse" or "delta"
     repeat: bool = False
     block_n: Optional[int] = None
     requires: str = "qkv"
@@ -123,7 +124,8 @@ BATTERY: tuple[Case, ...] = (
     _c("strided q only", 1, 2, 24, 24, 16, False, layout=("bshd", "contiguous", "contiguous")),
     _c("strided v only", 1, 2, 24, 24, 16, False, layout=("contiguous", "contiguous", "bshd")),
     _c("dO of stride 0", 1, 2, 24, 24, 32, False, do_layout="stride0"),
-    _c("strided dO", 1, 3, 40, 40, 32, False, do_layout="sliced"),
+    # delta padded, the LSE not: the two row vectors have different strides (each its own)
+    _c("strided dO", 1, 3, 40, 40, 32, False, do_layout="sliced", stats_padded="delta"),
     _c("custom scale 0.3", 1, 2, 32, 32, 16, False, scale=0.3),
     _c("long, several blocks", 1, 1, 130, 96, 16, False, layout=("padded_seq",) * 3,
        do_layout="padded_seq", stats_padded=True),
@@ -164,6 +166,8 @@ AUTOGRAD_BATTERY: tuple[Case, ...] = (
        layout=("bshd", "sliced", "padded_heads"), do_layout="sum"),
     _c("custom scale, strided dO", 1, 2, 32, 24, 16, False, scale=0.3, do_layout="sliced"),
     _c("only q needs grad", 1, 2, 24, 24, 32, False, requires="q"),
+    # dK and dV are asked for separately (needs_input_grad[1] and [2]): a frozen k, a trained v
+    _c("v needs grad, k does not", 1, 2, 24, 24, 32, True, requires="qv"),
     # scale=None, as SDPA allows: the default 1/sqrt(D) must be filled in (not 1/D, not 1)
     _c("scale=None (default)", 1, 2, 24, 24, 32, True, scale_none=True),
 )
@@ -317,6 +321,6 @@ def make_inputs(case: Case, dtype, device, seed: int, with_do: bool = True,
             do = torch.ones_like(q)      # what out.sum().backward() sends
     ref = attention_reference(q, k, v, do, causal=case.causal, scale=case.scale_value)
     stats = runtime.stats_dtype(dtype)
-    lse = make_stats(ref.LSE.to(stats), case.stats_padded, g("lse"))
-    delta = None if do is None else make_stats(ref.delta.to(stats), case.stats_padded, g("delta"))
+    lse = make_stats(ref.LSE.to(stats), case.stats_padded in (True, "lse"), g("lse"))
+    delta = None if do is None else make_stats(ref.delta.to(stats), case.stats_padded in (True, "delta"), g("delta"))
     return Inputs(q, k, v, do, ref, lse, delta, ref.O.to(dtype), dict(guards))

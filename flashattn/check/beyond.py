@@ -58,6 +58,8 @@ def window_slips(S_q: int, S_k: int, window) -> dict:
         slips["window_zero_unlimited:left"] = visible(S_q, S_k, (-1, window[1]))
     if window[1] == 0:
         slips["window_zero_unlimited:right"] = visible(S_q, S_k, (window[0], -1))
+    if 0 in window:              # both sides tested with > 0
+        slips["window_zero_unlimited:both"] = visible(S_q, S_k, tuple(-1 if w == 0 else w for w in window))
     for side in ("left", "right", "both"):
         slips[f"window_minus_one:{side}"] = visible(S_q, S_k, window, literal=side)
     for off in (-1, 1):          # > for >=, < for <=, or an edge computed one further out
@@ -213,15 +215,17 @@ def _heads_first(t):
 
 
 def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
-                 scale=None, sliced_mask=False) -> dict:
+                 scale=None, sliced_mask=False, reshape_heads=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
     mask), ``whole`` (the packed batch taken as one sequence), ``global_positions`` (the window
     compares positions in the packed tensor), ``sliced_mask`` (each sequence's mask cut out of
-    one mask drawn for the whole packed batch)."""
+    one mask drawn for the whole packed batch), ``reshape_heads`` ([S, H, D] <-> [H, S, D] by
+    reshape, which reorders the elements, where a transpose belongs)."""
     case = x.case
     H = x.q.shape[1]
+    heads = (lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])) if reshape_heads else _heads_first
     if whole:
         spans_q, spans_k = [slice(0, sum(case.lens_q))], [slice(0, sum(case.lens_k))]
     else:
@@ -239,9 +243,9 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
             keep = _keep(x, 0, sum(case.lens_q), sum(case.lens_k), 0)[:, qs, ks]
         else:
             keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None)
-        g = sequence_grads(*(_heads_first(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
+        g = sequence_grads(*(heads(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
                            x.lse[qs].T, keep, x.p, seen, x.scale if scale is None else scale, slip)
-        dq[qs], dk[ks], dv[ks] = (_heads_first(t) for t in g)
+        dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)
     return unpack(case, {"dQ": dq, "dK": dk, "dV": dv})
 
 
@@ -307,6 +311,8 @@ def _variants(case: BeyondCase, x) -> dict:
     if case.window != (-1, -1):
         found["no_visible"] = packed_grads(x, "no_visible")
         found["softmax_then_mask"] = packed_grads(x, "softmax_then_mask")
+    if case.H > 1:
+        found["heads_reshape"] = packed_grads(x, reshape_heads=True)
     if case.packed:
         found["leak"] = packed_grads(x, whole=True)     # with dropout: one mask for the whole batch
         if case.window != (-1, -1) and case.lens_q != case.lens_k:

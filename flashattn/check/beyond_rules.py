@@ -149,6 +149,10 @@ def _mask_differs(ctx):
 # --------------------------------------------------------------------------------------
 # packed sequences
 # --------------------------------------------------------------------------------------
+_slip_rule("heads_reshape", "[S, H, D] and [H, S, D] are converted with reshape, not transpose",
+           "reshape keeps the elements in memory order and only relabels the dimensions: [S, H, D] "
+           "reshaped to [H, S, D] mixes rows of different heads and positions. Swapping two axes is a "
+           "transpose: t.transpose(0, 1) (and back the same way).", kinds=("beyond",))
 _slip_rule("leak", "attention leaks across the packed sequences",
            "A packed batch is several sequences end to end: query rows of sequence b may see only "
            "sequence b's keys. Work sequence by sequence (rows cu_seqlens[b] : cu_seqlens[b + 1]), "

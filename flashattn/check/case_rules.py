@@ -83,9 +83,18 @@ def _pattern_rule(prop_ids, kinds=None, exact: bool = True):
     return test
 
 
-rule("default_scale", "the scale you were given is not the one used",
-     "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
-     "argument (when rebuilding S, or for the factor in dQ / dK).")(_pattern_rule(["custom_scale"]))
+@rule("default_scale", "the scale you were given is not the one used",
+      "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
+      "argument (when rebuilding S, or for the factor in dQ / dK).")
+def _default_scale(ctx):
+    evidence = _pattern_rule(["custom_scale"])(ctx)
+    if evidence is None:
+        return None
+    if "O" in ctx.names and ctx.wrong_in("O"):      # an autograd.Function: the forward already
+        return evidence, ("Only the case with a custom scale fails, and O with it: the *forward* ran "
+                          "with the default 1/sqrt(D). Pass `scale` on to the forward kernel's call "
+                          "(and save the same value for the backward).")
+    return evidence
 
 
 # --------------------------------------------------------------------------------------
@@ -159,6 +168,12 @@ def _causal_global_index(ctx):
     base = p.id.split("&")[0]
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if base.startswith(("multi_", "multi_block")) else None
 
+
+rule("mask_always", "the causal mask is applied even when causal is False",
+     "Exactly the cases *without* the causal mask fail, and every causal case passes: the mask "
+     "is applied whatever the `causal` argument says (an `if causal:` missing, or a flag that "
+     "does not reach the code). Mask only when causal is True.",
+     )(_pattern_rule(["noncausal"]))
 
 rule("causal", "only causal cases are wrong: the mask is on the wrong quantity or the wrong keys",
      "Hidden keys (j > i) must get P = 0, which the softmax gives when S = -inf *before* it. "

@@ -48,6 +48,7 @@ def _strides(c: Case) -> dict:
 def _properties() -> list:
     props = [
         Property("causal", "the causal cases", lambda c: c.causal),
+        Property("noncausal", "the cases without the causal mask", lambda c: not c.causal),
         Property("custom_scale", "the case with a custom scale", lambda c: c.scale is not None),
         Property("gqa", "the GQA cases (H != H_kv)", lambda c: c.heads_kv != c.H),
         Property("sq_gt_sk", "the cases with S_q > S_k", lambda c: c.S_q > c.S_k),
@@ -60,6 +61,8 @@ def _properties() -> list:
                  lambda c: any(l != "contiguous" for l in c.layout)),
         Property("strided", "the cases with a non-contiguous tensor", _layout_differs),
         Property("batch", "the cases with more than one batch element", lambda c: c.B > 1),
+        Property("stride_lse_delta", "the case where delta's strides differ from LSE's",
+                 lambda c: c.stats_padded in ("lse", "delta")),
         Property("head_dim", "the case whose head dim D is below its padded block (D < BLOCK_D)",
                  lambda c: padded_head_dim(c.D)),
     ]
@@ -96,7 +99,7 @@ def _properties() -> list:
     # without it (or only with it)
     derived = []
     for p in props:
-        if p.id == "causal":
+        if p.id in ("causal", "noncausal"):
             continue
         derived.append(Property(p.id + "&causal", p.label + " (causal)",
                                 lambda c, p=p: p.holds(c) and c.causal, p.block))
@@ -204,6 +207,12 @@ def rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None):
         RULES.append(Rule(id, title, idea, test, kinds))
         return test
     return register
+
+
+def exactly(ctx, *bases) -> bool:
+    """Whether the failing cases are exactly those of a property with one of these base ids."""
+    p = ctx.pattern
+    return p is not None and ctx.exact and p.id.split("&")[0] in bases
 
 
 def _first_error(ctx, kind):

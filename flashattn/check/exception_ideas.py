@@ -71,6 +71,10 @@ def _specific_idea(r):
         return ("An argument arrived in the wrong place: compare the call with the function's "
                 "signature, argument by argument -- and, in an autograd.Function, what forward saved "
                 "in ctx (ctx.causal = causal, ctx.scale = scale, not the other way round).")
+    if "save_for_backward can only save" in message:
+        return ("ctx.save_for_backward takes tensors only (it keeps them safe for the backward and "
+                "checks they were not modified in between). Plain values -- causal, scale -- go on "
+                "ctx as attributes: ctx.causal, ctx.scale = causal, scale.")
     if "more than one element of the written-to tensor" in message or "a leaf Variable that requires grad" in message:
         return ("An input was modified in place (a method ending in _, like mul_, or +=, *= on an "
                 "argument). Never write into the inputs: the caller still needs them, and the dO "
@@ -81,6 +85,9 @@ def _specific_idea(r):
         return None
     sizes = {int(m.group(1)), int(m.group(2))}
     shapes = _shapes(r.error)
+    packed = _packed_layout_idea(shapes, sizes)
+    if packed:
+        return packed
     pair = _row_vector_on_keys(shapes, sizes, line)
     if pair:
         vec, mat = pair
@@ -105,6 +112,28 @@ def _specific_idea(r):
             return ("An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed. Write "
                     "down each product's shape: S and P [S_q, S_k]; dP = dO V^T is [S_q, S_k] "
                     "(not V dO^T); dV = P^T dO and dK = dS^T Q need the transpose.")
+    return None
+
+
+def _packed_layout_idea(shapes: dict, sizes: set) -> Optional[str]:
+    """Lesson 09's packed batches: a per-sequence tensor still in the packed layout (heads
+    second-to-last, [S, H]) where [H, S] belongs, or P's key axis unlike the window's mask."""
+    seen = shapes.get("seen")
+    for name, sh in shapes.items():
+        for other, osh in shapes.items():
+            # [S_q, H] beside [H, S_q, ...]: the LSE (or a row vector) not transposed per sequence
+            if name != other and len(sh) == 2 and len(osh) >= 3 and sh == (osh[1], osh[0]) and sh[0] != sh[1]:
+                return (f"{name} {list(sh)} is in the packed layout, heads last, beside {other} {list(osh)}, heads "
+                        f"first: one sequence's slice of a packed [total, H] tensor must be transposed to [H, S] "
+                        f"({name}[qs].T), as q, k and v are moved to [H, S, D].")
+    if seen is not None and len(seen) == 2:
+        for name, sh in shapes.items():
+            if name != "seen" and len(sh) == 3 and sh[-2:] != seen and sizes <= set(sh) | set(seen):
+                which = "keys (its last axis)" if sh[-1] != seen[-1] else "query rows"
+                return (f"{name} {list(sh)} does not have the window mask's shape {list(seen)} = [S_q, S_k] of "
+                        f"this sequence in its {which}: the slices differ. Query-side tensors (q, o, do, lse) "
+                        f"are sliced with cu_seqlens_q[b]:cu_seqlens_q[b + 1], key-side ones (k, v) with "
+                        f"cu_seqlens_k[b]:cu_seqlens_k[b + 1].")
     return None
 
 

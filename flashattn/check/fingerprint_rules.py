@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from .diagnose import fingerprint_rule as _fp
+from .diagnose import fingerprint_test as _fingerprint_test
 from .diagnose import rule
 
 
@@ -40,13 +41,31 @@ _fp("delta_mean", "delta is a mean over the head dimension, not a sum",
     "delta = rowsum(dO * O) = sum over the D features of dO * O, one number per query row. "
     "A mean divides it by D (here every dQ and dK equals the backward with delta / D): use "
     ".sum(-1, keepdim=True), not .mean(-1).", kinds=("backward",))
+_fp("delta_scalar", "delta is one number for everything, not one per query row",
+    "delta_i = rowsum(dO * O)_i belongs to query row i (and to its batch element and head): sum "
+    "over the last dimension only, keeping it, (do * o).sum(-1, keepdim=True). A .sum() over "
+    "every dimension subtracts the same total from every row.", kinds=("backward",))
+_fp("ds_diagonal", "dS = P (1 - P) dP: only the diagonal of the softmax's Jacobian",
+    "dP_ij reaches S_ij and every other S_ik of its row: the softmax's Jacobian is "
+    "dP_i/dS_ik = P_ij (1[j = k] - P_ik). The diagonal alone gives P (1 - P) dP; the whole "
+    "Jacobian gives dS = P * (dP - delta), delta_i = sum_j P_ij dP_ij.", kinds=("backward",))
 # the causal mask gone wrong, told apart by what each wrong mask computes
-_fp("no_mask", "the causal mask is missing: hidden keys (j > i) get weight",
-    "Under a causal mask query i sees keys j <= i only. The hidden scores must be -inf before the "
-    "softmax (or P = 0 there when P is rebuilt from the LSE); without it every key counts. (If "
-    "the function under test is a reference you wrote to test a kernel, the bug is in the test: "
-    "test the test.)",
-    kinds=("backward", "rebuild_p", "dq", "dkdv"))
+@rule("no_mask", "the causal mask is missing: hidden keys (j > i) get weight",
+      "Under a causal mask query i sees keys j <= i only. The hidden scores must be -inf before the "
+      "softmax (or P = 0 there when P is rebuilt from the LSE); without it every key counts. (If "
+      "the function under test is a reference you wrote to test a kernel, the bug is in the test: "
+      "test the test.)",
+      kinds=("backward", "rebuild_p", "dq", "dkdv"))
+def _no_mask(ctx):
+    evidence = _fingerprint_test("no_mask")(ctx)
+    if evidence is None:
+        return None
+    wrong = [n for n in ctx.names if ctx.wrong_in(n)]
+    if wrong == ["dV"]:        # dK right: dS was masked; the P of dV = P^T dO was not
+        return evidence, ("Only dV is wrong, and it equals dV with P unmasked: the mask reaches dS (dK is "
+                          "right in every case) but not the P that dV = P^T dO uses. Mask P itself, before "
+                          "both products use it.")
+    return evidence
 _fp("backward_not_causal", "the backward runs without the causal mask",
     "The forward is right (O matches) but the gradients are those of P rebuilt over every key: "
     "the causal flag does not reach the backward kernels. Save it in ctx in forward and pass "
@@ -75,7 +94,19 @@ _fp("mask_strict", "the causal mask hides the diagonal: j < i where j <= i belon
     "loses its diagonal term.", kinds=("dq", "dkdv", "rebuild_p"))
 _fp("mask_ge", "the causal mask points the wrong way: keys j >= i kept",
     "Visible keys are those at or before the query, j <= i. In a [key, query] tile that reads "
-    "key <= query, i.e. offs_n[:, None] <= offs_m[None, :].", kinds=("dq", "dkdv"))
+    "key <= query, i.e. offs_n[:, None] <= offs_m[None, :]. (tril and triu: the hidden keys are "
+    "triu(ones, diagonal=1), the strictly upper triangle.)", kinds=("dq", "dkdv", "rebuild_p", "backward"))
+_fp("mask_bottom_right", "the causal mask is aligned bottom-right: j <= i + S_k - S_q",
+    "This course aligns the causal mask top-left: query i sees keys j <= i, whatever S_q and S_k "
+    "(FlashAttention aligns it bottom-right when S_q != S_k: the last query sees every key). The "
+    "two agree when S_q == S_k; with S_q > S_k the bottom-right mask leaves the first rows with no "
+    "key at all (NaN), with S_q < S_k it shows keys j > i.", kinds=("rebuild_p", "backward"))
+_fp("only_diagonal_tile", "the loop visits the diagonal tile only",
+    "Under a causal mask a query block sees every key block up to and including its diagonal "
+    "one: dQ's key loop runs from 0 to the end of the query block (not from the block's own "
+    "start); dK/dV's query loop runs from the key block's own tile to S_q. Yours visits the "
+    "diagonal tile alone (a mask transposed inside the tile would hide the other tiles the same "
+    "way: check the loop's bounds first).", kinds=("dq", "dkdv"))
 _fp("mask_tile_transposed", "the causal mask is transposed inside the tile",
     "The mask must have the tile's orientation: in a [query, key] tile the query index runs down "
     "the rows and the key index along the columns (in a [key, query] tile the other way round). "
@@ -91,6 +122,15 @@ _fp("scale_divided", "the scores are divided by the scale",
 _fp("lse_divided", "P = exp(S) / LSE: the LSE is a logarithm",
     "LSE = log(sum exp(S)), so the softmax is exp(S) / exp(LSE) = exp(S - LSE): subtract the LSE "
     "inside the exponential, never divide by it.", kinds=("rebuild_p",))
+_fp("exp2_lse", "S is converted to base 2, the LSE is still a natural log",
+    "exp2 needs both sides of the difference in base 2: exp(S - LSE) = exp2((S - LSE) * log2(e)). "
+    "The forward's LSE is a natural log: multiply it by log2(e) too, or use exp.", kinds=("rebuild_p",))
+_fp("p_sign", "P = exp(LSE - S): the subtraction is the wrong way round",
+    "P = exp(S - LSE) is at most 1 (S <= LSE in every row); exp(LSE - S) is its reciprocal, above "
+    "1 everywhere and inf on the hidden keys, where S = -inf.", kinds=("rebuild_p",))
+_fp("log_p", "the exponential is missing: you return S - LSE = log P",
+    "S - LSE is the log of the softmax (negative, -inf on hidden keys); P is its exponential, "
+    "exp(S - LSE), between 0 and 1.", kinds=("rebuild_p",))
 _fp("online_unscaled", "the scores are not scaled",
     "S = Q K^T * scale in every block, before the maximum and the exponential: the LSE and O "
     "belong to the scaled scores.", kinds=("online_softmax",))
@@ -164,10 +204,11 @@ _fp("lazy_delta", "delta = rowsum(dO * O) does not hold for lazy attention",
 def _lazy_gate(ctx):
     if [n for n in ctx.names if ctx.wrong_in(n)] == ["dTau"]:      # dTau's own rules speak
         return None
-    if ctx.failing and all("lazy_ds_from_da" in r.fingerprints for r in ctx.failing):
-        return None                                                 # dS from dA: its own rule speaks
-    if ctx.failing and all("lazy_gate" in r.fingerprints for r in ctx.failing):
+    common = set.intersection(*(set(r.fingerprints) for r in ctx.failing)) if ctx.failing else set()
+    if "lazy_gate" in common:
         return f"your outputs match dP = dA without the gate exactly; {ctx.tensor_pattern()}"
+    if common:
+        return None                        # another exact match (dS from dA, delta from dA, ...): its rule speaks
     for sign, label in ((1, "tau > 0"), (-1, "tau < 0")):
         agree = disagree = 0
         for r in ctx.ran:
@@ -203,13 +244,38 @@ _fp("ds_precedence", "dS = P * dP - delta: the parentheses are missing",
 _fp("exp_minus_lse", "P = exp(S) - LSE: the LSE is subtracted outside the exponential",
     "The LSE divides: P = exp(S) / exp(LSE) = exp(S - LSE), the subtraction *inside* the "
     "exponential.", kinds=("backward", "dq", "dkdv", "rebuild_p"))
-_fp("scale_value", "the scale used is not the one given (1/D, or 1)",
-    "Use the `scale` argument everywhere (the scores and the factor in dQ and dK); when it has to "
-    "be defaulted, the default is 1/sqrt(D), not 1/D. The evidence's computation used another value.",
-    kinds=("backward", "dq", "dkdv", "autograd"))
+@rule("scale_value", "the scale used is not the one given",
+      "Use the `scale` argument everywhere (the scores and the factor in dQ and dK); when it has to "
+      "be defaulted, the default is 1/sqrt(D), not 1/D. The evidence's computation used another value.",
+      kinds=("backward", "dq", "dkdv", "autograd"))
+def _scale_value(ctx):
+    evidence = _fingerprint_test("scale_value")(ctx)
+    if evidence is None:
+        return None
+    labels = set.intersection(*({f.split(":", 1)[1] for f in r.fingerprints if f.startswith("scale_value:")}
+                                for r in ctx.failing if "scale_value" in r.fingerprints))
+    if not labels:
+        return evidence
+    used = " = ".join(sorted(labels))         # values that coincide here (S_q = S_k) are all named
+    return (f"your outputs are those of scale = {used}; {evidence}",
+            f"The scale used is {used}. The softmax scale is 1/sqrt(D) -- D the head dimension, "
+            f"q.shape[-1] -- when none is given, and the `scale` argument when one is; use that one "
+            f"value everywhere (the scores, and the factor in dQ and dK).")
 _fp("online_not_normalized", "O is returned without dividing by the normaliser l",
     "acc holds the unnormalised sum of p V; the softmax divides by its row sum, so O = acc / l "
     "after the loop (the LSE, m + log(l), is already right).", kinds=("online_softmax",))
+_fp("online_scale_in_p", "the scale enters p's exponent only: the maximum, alpha and the LSE see unscaled scores",
+    "Scale the scores once, s = Q K^T * scale, before anything uses them: the running maximum, "
+    "alpha = exp(m_old - m_new) and LSE = m + log(l) are all in units of the scaled scores. With "
+    "the scale only inside p = exp((s - m) * scale), alpha rescales with the wrong base and the "
+    "LSE comes out in unscaled units.", kinds=("online_softmax",))
+_fp("online_block_max", "the new maximum is the block's maximum alone",
+    "m_new = max(m_old, max of this block): the running maximum never decreases. Taken from the "
+    "block alone, a block whose keys are all hidden (causal rows before the block starts) has "
+    "m_new = -inf, and exp(s - m_new) = exp(-inf - -inf) is NaN.", kinds=("online_softmax",))
+_fp("online_block_short", "each block drops its last key (a slice or range one short)",
+    "Block n0 covers keys n0 ... n0 + block_n - 1: the slice is k[..., n0:n0 + block_n, :] (Python's "
+    "end is exclusive), the same for V and for the mask's column indices.", kinds=("online_softmax",))
 _fp("online_alpha_on_new", "alpha multiplies the new block instead of the running sums",
     "alpha = exp(m_old - m_new) rescales what was accumulated *before* the maximum changed: "
     "l = l * alpha + rowsum(p), acc = acc * alpha + p V. Applied to the new block instead, the "
@@ -222,6 +288,18 @@ _fp("lazy_ds_from_a", "dS is built with A where the softmax's P belongs",
     "dS = P * (dP - delta) is the softmax's Jacobian applied to dP: it multiplies by the softmax "
     "output P. A = ReLU(P + tau/(i+1)) is the next step of the forward and enters only dV = A^T dO.",
     kinds=("lazy",))
+_fp("lazy_gate_not_causal", "the ReLU's gate lacks the causal condition",
+    "A = ReLU(P + tau/(i+1)) on the visible entries j <= i only: the gate that passes dA on to dP "
+    "is causal AND (P + tau/(i+1) > 0). Without the causal part, the hidden entries (P = 0 there) "
+    "pass whenever tau > 0, and their dA leaks into dTau.", kinds=("lazy",))
+_fp("lazy_gate_c_column", "tau/(i+1) in the gate is lined up with the keys, not the queries",
+    "c_i = tau / (i + 1) belongs to query row i: in an [L, L] tile it is a column vector, "
+    "c[:, None], added to every key of row i. c[None, :] adds c_j, the key's, to column j.",
+    kinds=("lazy",))
+_fp("lazy_delta_from_da", "delta is built from dA where the gated dP belongs",
+    "The softmax's Jacobian acts on the gradient that reaches P, dP = dA * gate: both dP and its "
+    "row mean delta = rowsum(P * dP) use the gated dP. delta from the ungated dA counts the "
+    "entries the ReLU cut off.", kinds=("lazy",))
 _fp("lazy_dbias_from_dp", "dBias sums dP where dS belongs",
     "bias[d] is added to the scores S, before the softmax: its gradient is the gradient of S, "
     "dBias[d] = sum of dS along diagonal d. dP is the gradient after the softmax (of P).",

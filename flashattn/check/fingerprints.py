@@ -100,6 +100,10 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
     if kind == "backward":                                               # a softmax over the queries
         # delta = (do * o).mean(-1): the row sum divided by D
         out["delta_mean"] = _grads_from_p(case, x, ref.P, delta=ref.delta[..., None] / case.D)
+        # delta = (do * o).sum(): one number for the whole batch, not one per query row
+        out["delta_scalar"] = _grads_from_p(case, x, ref.P, delta=ref.delta.sum())
+        # dS = P (1 - P) dP: only the diagonal of the softmax's Jacobian
+        out["ds_diagonal"] = _grads_from_p(case, x, ref.P, dS=ref.P * (1 - ref.P) * ref.dP)
         # dS = dP - delta: the factor P forgotten (hidden keys get dP - delta too)
         out["ds_no_p"] = _grads_from_p(case, x, ref.P, dS=ref.dP - ref.delta[..., None])
         out["softmax_axis"] = _grads_from_p(case, x, torch.softmax(ref.S, dim=-2))
@@ -141,7 +145,10 @@ def _slip_variants(case: Case, x: Inputs, kind: str) -> dict:
     ref = x.ref
     out = {}
     if kind == "autograd":          # the package's own kernels run: only the scale can slip
-        for label, value in (("1/D", 1.0 / case.D), ("1", 1.0)):
+        for label, value in (("1/D", 1.0 / case.D), ("1", 1.0), ("1/sqrt(S_q)", case.S_q ** -0.5),
+                             ("1/sqrt(S_k)", case.S_k ** -0.5)):
+            if abs(value - case.scale_value) <= 1e-9:
+                continue
             r = _reference_at(case, x, value)
             out[f"scale_value:{label}"] = {n: getattr(r, n).to(x.q.dtype).to(torch.float64)
                                            for n in ("O", "dQ", "dK", "dV")}
@@ -227,12 +234,18 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["mask_inverted"] = {"P": _from_lse(case, x, ~visible)}
         out["mask_strict"] = {"P": _from_lse(case, x, j < i)}
         out["mask_zero"] = {"P": torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])}
+        out["mask_ge"] = {"P": _from_lse(case, x, j >= i)}
+        out["mask_bottom_right"] = {"P": _from_lse(case, x, j <= i + case.S_k - case.S_q)}
         return out
     if kind == "backward":      # P from a softmax in the learner's function
         wrong = {"no_mask": torch.softmax(S, dim=-1),
                  "mask_zero": torch.softmax(torch.where(visible, S, 0.0), dim=-1),
                  "mask_after_softmax": torch.softmax(S, dim=-1) * visible,
-                 "mask_inverted": torch.softmax(S.masked_fill(visible, float("-inf")), dim=-1)}
+                 "mask_inverted": torch.softmax(S.masked_fill(visible, float("-inf")), dim=-1),
+                 "mask_ge": torch.softmax(S.masked_fill(j < i, float("-inf")), dim=-1),
+                 # aligned bottom-right (FlashAttention's convention for S_q != S_k): rows that see
+                 # no key are NaN, as in the learner's softmax
+                 "mask_bottom_right": torch.softmax(S.masked_fill(j > i + case.S_k - case.S_q, float("-inf")), dim=-1)}
         for name, P in wrong.items():
             out[name] = _grads_from_p(case, x, P)
             # delta as rowsum(P * dP) from that same wrong P, instead of rowsum(dO * O)
@@ -253,6 +266,10 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         # key n0 + a with query m0 + b
         for direction, allowed in (("le", n0 + (i - m0) <= m0 + (j - n0)), ("ge", n0 + (i - m0) >= m0 + (j - n0))):
             out[f"mask_tile_transposed:{block}{direction}"] = _grads_from_p(case, x, _from_lse(case, x, seen & allowed))
+        # the loop visits the diagonal tile only: dQ's key loop starts at its own block, dK/dV's
+        # query loop stops after the key block's own tile
+        only = (j >= m0) if kind == "dq" else (i < n0 + block)
+        out[f"only_diagonal_tile:{block}"] = _grads_from_p(case, x, _from_lse(case, x, visible & only))
         skip = (j < m0) if kind == "dq" else (i >= n0 + block)     # the loop starts or ends one tile early
         out[f"diag_tile_skipped:{block}"] = _grads_from_p(case, x, _from_lse(case, x, visible & skip))
     out["no_mask:all"] = _grads_from_p(case, x, _from_lse(case, x, torch.ones_like(visible)))
@@ -350,7 +367,11 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_exp2": _online(case, x, case.scale_value, torch.exp2),
             "online_max_not_kept": _online(case, x, case.scale_value, torch.exp, slip="max_not_kept"),
             "online_alpha_on_new": _online(case, x, case.scale_value, torch.exp, slip="alpha_on_new"),
-            "online_not_normalized": _online(case, x, case.scale_value, torch.exp, slip="not_normalized")}
+            "online_not_normalized": _online(case, x, case.scale_value, torch.exp, slip="not_normalized"),
+            "online_block_max": _online(case, x, case.scale_value, torch.exp, slip="block_max"),
+            "online_block_short": _online(case, x, case.scale_value, torch.exp, slip="block_short"),
+            # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
+            "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
 
 def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
@@ -363,19 +384,20 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q)
     for n0 in range(0, case.S_k, block):
-        s = q @ k[..., n0:n0 + block, :].transpose(-1, -2) * scale
+        end = min(n0 + block - (slip == "block_short"), case.S_k)   # block_short: a slice one key short
+        s = q @ k[..., n0:end, :].transpose(-1, -2) * scale
         if case.causal:
-            cols = torch.arange(n0, min(n0 + block, case.S_k), device=q.device)[None, :]
+            cols = torch.arange(n0, end, device=q.device)[None, :]
             s = s.masked_fill(cols > rows, float("-inf"))
-        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        m_new = s.amax(-1, keepdim=True) if slip == "block_max" else torch.maximum(m, s.amax(-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = p_exp(s - m_new)
         if slip == "alpha_on_new":          # alpha multiplies the new block, not the running sums
             l = l + alpha * p.sum(-1, keepdim=True)
-            acc = acc + alpha * (p @ v[..., n0:n0 + block, :])
+            acc = acc + alpha * (p @ v[..., n0:end, :])
         else:
             l = l * alpha + p.sum(-1, keepdim=True)
-            acc = acc * alpha + p @ v[..., n0:n0 + block, :]
+            acc = acc * alpha + p @ v[..., n0:end, :]
         if slip != "max_not_kept":
             m = m_new
     # O returned as the running sum acc, never divided by the normaliser l
@@ -434,7 +456,7 @@ def matching(variants: dict, tensors: dict, tol: float, expected: Optional[dict]
             continue            # a swap makes both outputs wrong; one output equal to another is not one
         if all(n in outs and _matches(tensors[n].actual, outs[n], tol) for n in wrong):
             found.add(name.split(":")[0])
-            if name.startswith("operand:"):      # which product: the rule names it
+            if name.startswith(("operand:", "scale_value:")):      # which product, which value: the rule names it
                 found.add(name)
     return found
 
@@ -457,11 +479,21 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
     dS_from_dA = P * (dA - (P * dP).sum(-1, keepdim=True))        # dA where dP = dA * gate belongs
     dS_from_A = f["A"] * (dP - f["delta"][..., None])             # A where the softmax's P belongs
     lengths = (L - torch.arange(W + 1)).clamp_min(1).double()     # entries on diagonal d (0 past L)
+    c = tau.double()[:, None] * inv                                # [H, L]: tau / (i + 1)
+
+    def from_dp(dP_):   # every gradient that follows from a (wrong) dP, delta taken from it
+        dS_ = P * (dP_ - (P * dP_).sum(-1, keepdim=True))
+        return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale,
+                "dBias": diagonal_sums(dS_, W), "dTau": (dP_.sum(-1) * inv).sum(-1)}
+    dS_delta_da = P * (dP - (P * dA).sum(-1, keepdim=True))       # delta from the ungated dA
     return {
         "lazy_delta": {"dQ": dS_wrong_delta @ k * scale, "dK": dS_wrong_delta.transpose(-1, -2) @ q * scale,
                        "dBias": diagonal_sums(dS_wrong_delta, W)},
         "lazy_gate": {"dQ": dS_no_gate @ k * scale, "dK": dS_no_gate.transpose(-1, -2) @ q * scale,
                       "dBias": diagonal_sums(dS_no_gate, W), "dTau": (dP_no_gate.sum(-1) * inv).sum(-1)},
+        # no gate at all, not even the causal one: dTau sums dA over hidden keys too
+        "lazy_gate:ungated": {"dQ": dS_no_gate @ k * scale, "dK": dS_no_gate.transpose(-1, -2) @ q * scale,
+                              "dBias": diagonal_sums(dS_no_gate, W), "dTau": (dA.sum(-1) * inv).sum(-1)},
         "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
         "lazy_dk_transpose": {"dK": dS @ q * scale},
         "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
@@ -474,6 +506,12 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_ds_from_a": {"dQ": dS_from_A @ k * scale, "dK": dS_from_A.transpose(-1, -2) @ q * scale,
                            "dBias": diagonal_sums(dS_from_A, W)},
         "lazy_dbias_from_dp": {"dBias": diagonal_sums(dP, W)},
+        # the ReLU's gate without the causal condition: hidden entries (P = 0) pass where c > 0
+        "lazy_gate_not_causal": {"dTau": ((dA * (P + c[..., None] > 0)).sum(-1) * inv).sum(-1)},
+        # c = tau / (i + 1) lined up with the keys (columns) in the gate
+        "lazy_gate_c_column": from_dp(dA * (causal & (P + c[:, None, :] > 0))),
+        "lazy_delta_from_da": {"dQ": dS_delta_da @ k * scale, "dK": dS_delta_da.transpose(-1, -2) @ q * scale,
+                               "dBias": diagonal_sums(dS_delta_da, W)},
         "lazy_dbias_mean": {"dBias": diagonal_sums(dS, W) / lengths},
         # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
         "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},

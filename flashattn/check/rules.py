@@ -19,7 +19,7 @@ import re
 import torch
 
 from .battery import BLOCKS
-from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, rule, separating
+from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
 from .structure_rules import add as add_structure_rules
 
@@ -55,7 +55,9 @@ def _grad_order(ctx):
     if swapped:
         got, wanted = swapped[0].swapped
         return f"in {ctx.names_of(swapped)} the tensor returned as {got} has the shape of {wanted}"
-    if ctx.failing and all("swapped" in r.fingerprints for r in ctx.failing):
+    # (a case that asks for some gradients only cannot show a pair holding each other's values)
+    full = [r for r in ctx.failing if ctx.kind != "autograd" or {"dQ", "dK", "dV"} <= set(r.tensors)]
+    if full and all("swapped" in r.fingerprints for r in full):
         evidence = f"in every failing case two gradients hold each other's true values ({ctx.tensor_pattern()})"
         if ctx.kind in ("dq", "dkdv"):
             return evidence, ("Each output pointer gets its own values: the kernel stores dK's "
@@ -131,6 +133,14 @@ def _exception(ctx):
     story = substitution_story(ctx.results)
     if story:                      # a wrong operand: it runs where shapes fit, raises elsewhere
         return f"{evidence}; {story[0]}", story[1]
+    ran_bad = [r for r in ctx.results if r.error is None and not r.ok]
+    if ran_bad and all("scores_transposed" in r.fingerprints for r in ran_bad) and \
+            all(r.case.S_q != r.case.S_k for r in raised):
+        return (f"{evidence}; in the {len(ran_bad)} square cases that ran, yours equals P rebuilt from S^T = K Q^T "
+                f"exactly; the cases that raised are those with S_q != S_k",
+                "The scores are transposed: S = K Q^T is [S_k, S_q]. S = Q K^T * scale is [S_q, S_k], "
+                "a row per query, as the LSE and the mask expect. Where S_q = S_k the transposed scores "
+                "run (and are wrong); elsewhere they raise.")
     idea = exception_idea(raised, sep)
     return (evidence, idea) if idea else evidence
 
@@ -218,10 +228,6 @@ from . import beyond_rules  # noqa: E402,F401  (lesson 09's checkers: registered
 # --------------------------------------------------------------------------------------
 # patterns that pin one cause
 # --------------------------------------------------------------------------------------
-def _exactly(ctx, *bases):
-    p = ctx.pattern
-    return p is not None and ctx.exact and p.id.split("&")[0] in bases
-
 
 @rule("batch", "only batch element 0 is right: a batch offset is missing or wrong",
       "Wrong exactly in the cases with several batch elements: some tensor's pointer is not moved "
@@ -252,34 +258,7 @@ def _head_dim_mask(ctx):
     return "; ".join([ctx.case_pattern()] + seen + [ctx.tensor_pattern()])
 
 
-def _values_right(ctx) -> bool:
-    """Every head's values right in every failing case: only memory (reads or writes past the
-    end, a guard touched) failed."""
-    return bool(ctx.failing) and all(bool(t.heads_ok.all()) and t.unwritten == 0
-                                     for r in ctx.failing for t in r.tensors.values())
-
-
-@rule("gqa_grid", "the grid has a program per query head where one per K/V head belongs",
-      "With GQA a dK/dV program owns one K/V head and loops over the query heads of its group: "
-      "the grid's second axis is B * H_kv. Programs for heads that do not exist read and write "
-      "past the end of the tensors (the values themselves came out right).", kinds=("dkdv",))
-def _gqa_grid(ctx):
-    if _exactly(ctx, "gqa") and _values_right(ctx):
-        past = [r for r in ctx.failing if r.oob_reads or any(t.guard_touched for t in r.tensors.values())]
-        if past:
-            return f"{ctx.case_pattern()}; every value right, but memory past the end read or written in {ctx.names_of(past)}"
-    return None
-
-
-@rule("gqa", "a head index is wrong under grouped-query attention",
-      "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
-      "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
-      "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
-def _gqa(ctx):
-    if ctx.failing and set.intersection(*(set(r.fingerprints) for r in ctx.failing)):
-        return None                                       # a fingerprint rule names it exactly
-    return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "gqa") else None
-
+from . import head_rules  # noqa: E402,F401  (the GQA head rules: registered here, in this order)
 
 add_structure_rules("kv_head")
 
@@ -328,6 +307,31 @@ def _past_other_length(query_side: bool):
     where S_q != S_k: a row mask with S_k where S_q belongs (a key mask with S_q). It comes
     before read_past_end: the same mask also lets loads past the end through when the other
     length is the larger, and the missing rows say which mask it is."""
+    side = {"q", "do", "lse", "delta"} if query_side else {"k", "v"}
+
+    def _over_read(ctx):
+        # a row mask against S_k loads query rows S_q..S_k-1 where S_q < S_k: past the end of
+        # the query-side tensors only (a key mask against S_q: past K and V where S_k < S_q)
+        # (the interpreter records the loads; a GPU run finds them by moving the NaN guards)
+        read = {id(r): list(r.oob_reads or r.nan_from or ()) for r in ctx.failing}
+        over = [r for r in ctx.failing if read[id(r)]]
+        longer = (lambda c: c.S_q < c.S_k) if query_side else (lambda c: c.S_k < c.S_q)
+        if over and all(set(read[id(r)]) <= side and longer(r.case) for r in over):
+            r = over[0]
+            names = ", ".join(_INPUT_NAMES.get(n, n) for n in read[id(r)])
+            return (f"loads ran past the end of {names} -- and of nothing else -- in exactly the cases with "
+                    f"{'S_q < S_k' if query_side else 'S_k < S_q'} ({ctx.names_of(over)}): the "
+                    f"{'rows' if query_side else 'keys'} up to {'S_k' if query_side else 'S_q'} were loaded; "
+                    f"{ctx.case_pattern()}",
+                    ("A query-row mask is bounded by S_k where S_q belongs: the rows S_q..S_k-1 do not exist, "
+                     "and loading them reads past the end of Q, dO, LSE and delta (where S_q > S_k the same "
+                     "mask drops rows that do exist). Query rows are masked with `offs_m < S_q`, keys with "
+                     "`offs_n < S_k`." if query_side else
+                     "A key mask is bounded by S_q where S_k belongs: the keys S_k..S_q-1 do not exist, and "
+                     "loading them reads past the end of K and V. Keys are masked with `offs_n < S_k`, query "
+                     "rows with `offs_m < S_q`."))
+        return None
+
     def test(ctx):
         if not ctx.failing or any(r.case.S_q == r.case.S_k for r in ctx.failing):
             return None
@@ -343,7 +347,7 @@ def _past_other_length(query_side: bool):
                 return None
             hits.append((r, t))
         if not hits:
-            return None
+            return _over_read(ctx)
         r, t = hits[0]
         what, length = ("keys", "S_q") if not query_side else ("rows", "S_k")
         return (f"{what} {r.case.S_k if query_side else r.case.S_q}-{(r.case.S_q if query_side else r.case.S_k) - 1} "

@@ -121,12 +121,46 @@ def _group_subsets(case, x, name: str, actual: torch.Tensor, tol: float):
     return out
 
 
+def _head_sets(case, x, name: str, actual: torch.Tensor, tol: float):
+    """Under GQA, when no subset of the right group fits: for each (b, h_kv), the GROUP_SIZE
+    query heads -- from any group, one head possibly several times -- whose contributions add up
+    to ``actual``, or None."""
+    ref, s = x.ref, case.scale_value
+    G = case.H // case.heads_kv
+    q, k, v = (t.to(torch.float64) for t in (x.q, x.k, x.v))
+    visible = torch.isfinite(ref.S)
+
+    def part(b, h, hk):   # query head h's share of K/V head hk's dK or dV, read with that head's K, V
+        P = torch.where(visible[b, h], torch.exp(q[b, h] @ k[b, hk].T * s - ref.LSE[b, h][:, None]), 0.0)
+        if name == "dV":
+            return P.T @ ref.dO[b, h]
+        dS = P * (ref.dO[b, h] @ v[b, hk].T - ref.delta[b, h][:, None])
+        return dS.T @ q[b, h] * s
+
+    out = {}
+    for b in range(case.B):
+        for hk in range(case.heads_kv):
+            parts = [part(b, h, hk) for h in range(case.H)]
+            out[(b, hk)] = next((sub for sub in itertools.combinations_with_replacement(range(case.H), G)
+                                 if _close(actual[b, hk][None, None], sum(parts[h] for h in sub)[None, None], tol)),
+                                None)
+    return out
+
+
 def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict:
     """output name -> {fact: value} for every wrong output of one case (see the module doc)."""
     out = {}
     inputs = {n: getattr(x, n, None) for n in _INPUT_LABELS}
     for name, t in tensors.items():
-        if t.ok or t.actual is None or not t.finite:
+        if t.ok or t.actual is None:
+            continue
+        if not t.finite:
+            # NaN in some heads (read past the last K/V head): which K/V head do the others read?
+            if name == "dQ" and case.heads_kv != case.H and kind in ("backward", "dq", "autograd") \
+                    and getattr(getattr(x, "ref", None), "dS", None) is not None:
+                m = _kv_head_map(case, x, t.actual, tol)
+                if any(v is not None for v in m.values()):
+                    out[name] = {"kv_heads_partial": m}
             continue
         a, e = t.actual, expected[name].detach().to("cpu", torch.float64)
         f = {}
@@ -160,11 +194,17 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
             m = _kv_head_map(case, x, a, tol)
             if all(v is not None for v in m.values()):
                 f["kv_heads"] = m
+            elif any(v is not None for v in m.values()):
+                f["kv_heads_partial"] = m       # some heads read a K/V head that does not exist
         if backward or kind == "dkdv":
             if name in ("dK", "dV") and case.heads_kv != case.H and getattr(x.ref, "dS", None) is not None:
                 g = _group_subsets(case, x, name, a, tol)
                 if all(v is not None for v in g.values()):
                     f["group"] = g
+                else:
+                    hs = _head_sets(case, x, name, a, tol)
+                    if all(v is not None for v in hs.values()):
+                        f["head_sets"] = hs
         if f:
             out[name] = f
     return out

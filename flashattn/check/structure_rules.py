@@ -94,10 +94,13 @@ def _kv_head(ctx):
         g = cc.H // cc.heads_kv
         seen = [mm[(0, h)] for h in range(cc.H)]
         guesses.append({name for name, f in (("h % GROUP_SIZE", lambda h: h % g), ("h % H_kv", lambda h: h % cc.heads_kv),
+                                             ("h // H_kv (GROUP_SIZE is H // H_kv, not H_kv)", lambda h: h // cc.heads_kv),
                                              ("0 for every head", lambda h: 0), ("h * GROUP_SIZE", lambda h: h * g))
                         if all(f(h) == seen[h] for h in range(cc.H))})
     common = set.intersection(*guesses) if guesses else set()
-    fits = f"; it fits h_kv = {sorted(common)[0]} in every such case" if common else ""
+    # the most telling formula first: a GROUP_SIZE of H_kv also sends every head to 0 when H = H_kv
+    ranked = sorted(common, key=lambda n: (not n.startswith("h // H_kv"), n))
+    fits = f"; it fits h_kv = {ranked[0]} in every such case" if common else ""
     past = f"; in {len(others)} more case(s) loads ran past the end of K/V (a head index >= H_kv)" if others else ""
     return (f"in '{c.name}' (H={c.H}, H_kv={c.heads_kv}) query heads 0-{c.H - 1} read K/V heads {got}, "
             f"not {right}{fits}{past}")
