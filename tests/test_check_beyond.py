@@ -131,6 +131,8 @@ BACKWARD_SLIPS = [
      "dropout_rescale"),     # 1 / (1 - p) "approximated" by 1 + p: no classic slip, a constant factor
     ("heads = lambda t: t.transpose(0, 1)", "heads = lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])",
      "heads_reshape"),
+    ("P = torch.exp(q @ k.transpose(-1, -2) * scale - lse[..., None])",
+     "P = torch.exp(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 - lse[..., None])", "beyond_custom_scale"),
 ]
 
 

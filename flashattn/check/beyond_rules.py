@@ -167,7 +167,8 @@ _slip_rule("global_positions", "the window compares positions in the packed tens
       "A batch of n sequences has n + 1 offsets: the loop runs over b = 0 ... n - 1, i.e. "
       "range(len(cu_seqlens) - 1), and sequence b ends at cu_seqlens[b + 1].", kinds=("beyond",))
 def _last_sequence(ctx):
-    if not ctx.failing or any(r.error for r in ctx.failing):
+    # a batch of one sequence has no "others": only a failing batch of several shows the pattern
+    if not ctx.failing or any(r.error for r in ctx.failing) or all(len(r.case.lens_q) < 2 for r in ctx.failing):
         return None
     for r in ctx.failing:
         wrong = set()
@@ -188,6 +189,19 @@ def _sequences(ctx):
         lens = [r for r in ctx.failing if r.case.lens_q != r.case.lens_k]
         extra = (f"; {len(lens)} of them have S_q != S_k in a sequence" if lens else "")
         return f"every one-sequence case passes, {len(ctx.failing)} packed case(s) fail{extra}"
+    return None
+
+
+@rule("beyond_custom_scale", "only the case with a scale of its own fails: the scale given is not used everywhere",
+      "The function gets `scale` (not always D ** -0.5): the scores that rebuild P are "
+      "q @ k^T * scale, and dQ and dK carry the same factor. Every case but the one whose scale "
+      "differs from D ** -0.5 passes, so somewhere D ** -0.5 (or a default) stands where `scale` "
+      "belongs.", kinds=("beyond",))
+def _beyond_custom_scale(ctx):
+    custom = lambda c: getattr(c, "scale", None) is not None and abs(c.scale - c.D ** -0.5) > 1e-12  # noqa: E731
+    if ctx.failing and all(custom(r.case) for r in ctx.failing) and \
+            all(r.ok for r in ctx.results if not custom(r.case)):
+        return f"only {ctx.names_of(ctx.failing)} fail(s), the case(s) whose scale is not D ** -0.5; {ctx.tensor_pattern()}"
     return None
 
 

@@ -52,9 +52,10 @@ _fp("ds_diagonal", "dS = P (1 - P) dP: only the diagonal of the softmax's Jacobi
 # the causal mask gone wrong, told apart by what each wrong mask computes
 @rule("no_mask", "the causal mask is missing: hidden keys (j > i) get weight",
       "Under a causal mask query i sees keys j <= i only. The hidden scores must be -inf before the "
-      "softmax (or P = 0 there when P is rebuilt from the LSE); without it every key counts. (If "
-      "the function under test is a reference you wrote to test a kernel, the bug is in the test: "
-      "test the test.)",
+      "softmax (or P = 0 there when P is rebuilt from the LSE); without it every key counts. A mask "
+      "that is there but has no effect is the same bug: masked_fill returns a new tensor (S = "
+      "S.masked_fill(...), not S.masked_fill(...) alone). (If the function under test is a "
+      "reference you wrote to test a kernel, the bug is in the test: test the test.)",
       kinds=("backward", "rebuild_p", "dq", "dkdv"))
 def _no_mask(ctx):
     evidence = _fingerprint_test("no_mask")(ctx)
@@ -175,10 +176,10 @@ _fp("kv_swapped", "K and V are passed in each other's place",
     "Your dQ equals a kernel that got V where K belongs and K where V belongs: the scores then "
     "come from V and dP from K. Compare the call with the kernel's signature, argument by argument.",
     kinds=("dq", "autograd"))
-_fp("dp_tile_transposed", "the dP tile is not transposed: dO V^T where V dO^T belongs",
-    "A key-block program works on [key, query] tiles, so it needs dP^T = V dO^T (and P^T). "
-    "dO V^T is the [query, key] tile: on square tiles it fits the shape and puts every value in "
-    "its mirror position. (In a dQ program, the other way round: dP = dO V^T, not V dO^T.)",
+_fp("dp_tile_transposed", "the dP tile has the other orientation than the P tile it meets",
+    "dP must have P's orientation: a dQ program works on [query, key] tiles, dP = dO V^T; a "
+    "dK/dV program on [key, query] tiles, dP^T = V dO^T. The other product fits the shape on "
+    "square tiles and puts every value in its mirror position.",
     kinds=("dkdv", "dq"))
 _fp("query_block_from_pid", "the query block comes from the program id, not from the loop",
     "A key-block program loops over the query blocks: the rows it loads in each iteration must "
