@@ -297,7 +297,7 @@ def make_function(bug=None):
             else:
                 ctx.save_for_backward(q, k, v, o, lse)
             ctx.causal, ctx.scale = (scale, causal) if bug == "ctx_swap" else (causal, scale)
-            return o
+            return (o, lse) if bug == "forward_returns_lse" else o
 
         @staticmethod
         def backward(ctx, do):
@@ -349,11 +349,13 @@ def test_autograd_function_correct_passes():
                                        ("saved_order", "saved_order"),
                                        ("lse", "everything_wrong"), ("grad_order", "grad_order"),
                                        ("dq_dk_swapped", "grad_order"), ("dkdv_guard_k_only", "none_gradient"),
-                                       ("forward_default_scale", "default_scale"), ("scale_seq_len", "scale_value")])
+                                       ("forward_default_scale", "default_scale"), ("scale_seq_len", "scale_value"),
+                                       ("forward_returns_lse", "shape")])
 def test_autograd_function_planted(bug, hint):
     r = run_checker(check.autograd_function, make_function(bug))
     assert_hint(r, hint)
     says = {"forward_default_scale": "the *forward* ran with the default 1/sqrt(D)",
+            "forward_returns_lse": "returns (o, lse) makes apply return both",
             "scale_seq_len": "your outputs are those of scale = 1/sqrt(S_k) = 1/sqrt(S_q)"}
     if bug in says:
         assert says[bug] in " ".join(r.diagnosis().split()), r.diagnosis()
@@ -606,7 +608,8 @@ def _lazy(bug):
         dS = (A if bug == "ds_from_a" else P) * ((dA if bug == "ds_from_da" else dP) - delta)
         on = dP if bug == "dbias_from_dp" else dS
         dbias = torch.stack([(torch.diagonal(on, offset=-d).mean() if bug == "dbias_mean" else
-                              torch.diagonal(on, offset=-d).sum()) if d < L else dS.new_zeros(()) for d in range(W + 1)])
+                              torch.diagonal(on, offset=-d).sum()) if d < L else dS.new_zeros(())
+                             for d in range(W if bug == "dbias_one_short" else W + 1)])
         dtau = (dP / (i + 1)).sum() if bug == "dtau_broadcast" else (dP.sum(-1) / (i + 1)).sum()
         return dS @ k * scale, dS.T @ q * scale, dv, dbias, dtau
     return lazy_backward_one_head
@@ -616,6 +619,12 @@ def test_lazy_generic():
     assert_clean(run_checker(check.lazy_backward, _lazy(None)))
     assert_hint(run_checker(check.lazy_backward, _lazy("ds_from_da")), "lazy_ds_from_da")
     assert_hint(run_checker(check.lazy_backward, _lazy("dtau_broadcast")), "lazy_dtau_broadcast")
+
+
+def test_lazy_output_one_short_is_explained():
+    r = run_checker(check.lazy_backward, _lazy("dbias_one_short"))
+    assert_hint(r, "shape")
+    assert "dBias is one short in dimension 1" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 @pytest.mark.parametrize("bug, hint", [("ds_from_a", "lazy_ds_from_a"), ("dbias_from_dp", "lazy_dbias_from_dp"),

@@ -117,7 +117,25 @@ def _none_gradient(ctx):
       "P [B, H, S_q, S_k], LSE [B, H, S_q].")
 def _shape(ctx):
     r = _first_error(ctx, ShapeError)
-    return str(r.error) if r is not None else None
+    if r is None:
+        return None
+    message = str(r.error)
+    if ctx.kind == "autograd" and "got tuple" in message:
+        return message, ("Your function returned a tuple where the output alone belongs, as SDPA returns "
+                         "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
+                         "return o, and put what the backward needs besides (the LSE) into "
+                         "ctx.save_for_backward.")
+    m = re.search(r"(\w+) has shape \(([\d, ]+)\), expected \(([\d, ]+)\)", message)
+    if m:
+        got = [int(x) for x in m.group(2).split(",") if x.strip()]
+        want = [int(x) for x in m.group(3).split(",") if x.strip()]
+        off = [(i, g - w) for i, (g, w) in enumerate(zip(got, want)) if g != w] if len(got) == len(want) else []
+        if len(off) == 1 and abs(off[0][1]) == 1:
+            i, d = off[0]
+            return message, (f"{m.group(1)} is one {'short' if d < 0 else 'too long'} in dimension {i} "
+                             f"({got[i]} where {want[i]} belongs): a range or slice one off -- Python's "
+                             f"range(n) and [a:b] leave out their end (n, b); W + 1 diagonals are range(W + 1).")
+    return message
 
 
 @rule("exception", "your code raised an exception",
