@@ -186,6 +186,10 @@ def _input_modified(ctx):
     hits = [r for r in ctx.results if r.inputs_modified]
     if not hits:
         return None
+    # stores outside every tensor (or, on a GPU, output elements unwritten beside stores past its
+    # end): whether some also land in an input is luck of the memory layout; wild_access speaks
+    if any(r.wild and r.wild.get("stores") for r in ctx.results) or _displaced_stores(ctx) is not None:
+        return None
     r = hits[0]
     name, (n, total, f) = next(iter(r.inputs_modified.items()))
     names = list(dict.fromkeys(_HANDED_NAMES.get(m, m) for h in hits for m in h.inputs_modified))
