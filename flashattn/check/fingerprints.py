@@ -475,25 +475,22 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
     P, dP, dA, gate, dS = f["P"], f["dP"], f["dA"], f["gate"], f["dS"]
     dS_wrong_delta = P * (dP - f["delta_wrong"][..., None])
     dP_no_gate = dA * causal
-    dS_no_gate = P * (dP_no_gate - (P * dP_no_gate).sum(-1, keepdim=True))
     dS_from_dA = P * (dA - (P * dP).sum(-1, keepdim=True))        # dA where dP = dA * gate belongs
     dS_from_A = f["A"] * (dP - f["delta"][..., None])             # A where the softmax's P belongs
+    dS_delta_da = P * (dP - (P * dA).sum(-1, keepdim=True))       # delta from the ungated dA
     lengths = (L - torch.arange(W + 1)).clamp_min(1).double()     # entries on diagonal d (0 past L)
     c = tau.double()[:, None] * inv                                # [H, L]: tau / (i + 1)
 
+    def from_ds(dS_):   # the gradients that follow from a (wrong) dS
+        return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale, "dBias": diagonal_sums(dS_, W)}
+
     def from_dp(dP_):   # every gradient that follows from a (wrong) dP, delta taken from it
-        dS_ = P * (dP_ - (P * dP_).sum(-1, keepdim=True))
-        return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale,
-                "dBias": diagonal_sums(dS_, W), "dTau": (dP_.sum(-1) * inv).sum(-1)}
-    dS_delta_da = P * (dP - (P * dA).sum(-1, keepdim=True))       # delta from the ungated dA
+        return {**from_ds(P * (dP_ - (P * dP_).sum(-1, keepdim=True))), "dTau": (dP_.sum(-1) * inv).sum(-1)}
     return {
-        "lazy_delta": {"dQ": dS_wrong_delta @ k * scale, "dK": dS_wrong_delta.transpose(-1, -2) @ q * scale,
-                       "dBias": diagonal_sums(dS_wrong_delta, W)},
-        "lazy_gate": {"dQ": dS_no_gate @ k * scale, "dK": dS_no_gate.transpose(-1, -2) @ q * scale,
-                      "dBias": diagonal_sums(dS_no_gate, W), "dTau": (dP_no_gate.sum(-1) * inv).sum(-1)},
-        # no gate at all, not even the causal one: dTau sums dA over hidden keys too
-        "lazy_gate:ungated": {"dQ": dS_no_gate @ k * scale, "dK": dS_no_gate.transpose(-1, -2) @ q * scale,
-                              "dBias": diagonal_sums(dS_no_gate, W), "dTau": (dA.sum(-1) * inv).sum(-1)},
+        "lazy_delta": from_ds(dS_wrong_delta),
+        "lazy_gate": from_dp(dP_no_gate),
+        # no gate at all, not even the causal one (dP = dA): dTau sums dA over hidden keys too
+        "lazy_gate:ungated": from_dp(dA),
         "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
         "lazy_dk_transpose": {"dK": dS @ q * scale},
         "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
@@ -501,17 +498,14 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_dtau_count": {"dTau": (dA * gate).sum((-2, -1))},
         "lazy_dtau_gate": {"dTau": ((dA * causal).sum(-1) * inv).sum(-1)},
         "lazy_dtau_causal": {"dTau": (dA.sum(-1) * inv).sum(-1)},
-        "lazy_ds_from_da": {"dQ": dS_from_dA @ k * scale, "dK": dS_from_dA.transpose(-1, -2) @ q * scale,
-                            "dBias": diagonal_sums(dS_from_dA, W)},
-        "lazy_ds_from_a": {"dQ": dS_from_A @ k * scale, "dK": dS_from_A.transpose(-1, -2) @ q * scale,
-                           "dBias": diagonal_sums(dS_from_A, W)},
+        "lazy_ds_from_da": from_ds(dS_from_dA),
+        "lazy_ds_from_a": from_ds(dS_from_A),
         "lazy_dbias_from_dp": {"dBias": diagonal_sums(dP, W)},
         # the ReLU's gate without the causal condition: hidden entries (P = 0) pass where c > 0
         "lazy_gate_not_causal": {"dTau": ((dA * (P + c[..., None] > 0)).sum(-1) * inv).sum(-1)},
         # c = tau / (i + 1) lined up with the keys (columns) in the gate
         "lazy_gate_c_column": from_dp(dA * (causal & (P + c[:, None, :] > 0))),
-        "lazy_delta_from_da": {"dQ": dS_delta_da @ k * scale, "dK": dS_delta_da.transpose(-1, -2) @ q * scale,
-                               "dBias": diagonal_sums(dS_delta_da, W)},
+        "lazy_delta_from_da": from_ds(dS_delta_da),
         "lazy_dbias_mean": {"dBias": diagonal_sums(dS, W) / lengths},
         # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
         "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},

@@ -151,13 +151,14 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
     """output name -> {fact: value} for every wrong output of one case (see the module doc)."""
     out = {}
     inputs = {n: getattr(x, n, None) for n in _INPUT_LABELS}
+    backward = kind in ("backward", "dq", "autograd") and getattr(x, "ref", None) is not None \
+        and getattr(x.ref, "dS", None) is not None
     for name, t in tensors.items():
         if t.ok or t.actual is None:
             continue
         if not t.finite:
             # NaN in some heads (read past the last K/V head): which K/V head do the others read?
-            if name == "dQ" and case.heads_kv != case.H and kind in ("backward", "dq", "autograd") \
-                    and getattr(getattr(x, "ref", None), "dS", None) is not None:
+            if backward and name == "dQ" and case.heads_kv != case.H:
                 m = _kv_head_map(case, x, t.actual, tol)
                 if any(v is not None for v in m.values()):
                     out[name] = {"kv_heads_partial": m}
@@ -188,8 +189,6 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
             b = _first_rows(t)
             if b:
                 f["first_rows"] = b
-        backward = kind in ("backward", "dq", "autograd") and getattr(x, "ref", None) is not None \
-            and getattr(x.ref, "dS", None) is not None
         if backward and name == "dQ" and "zero" not in f and not bool(t.heads_ok.all()):
             m = _kv_head_map(case, x, a, tol)
             if all(v is not None for v in m.values()):
