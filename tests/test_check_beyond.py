@@ -79,6 +79,8 @@ WINDOW_SLIPS = [
     ("    if left >= 0:\n", "    if left > 0:\n", "window_zero_unlimited"),
     ("    if left >= 0:\n        seen &= j >= i - left\n    if right >= 0:",
      "    if left > 0:\n        seen &= j >= i - left\n    if right > 0:", "window_zero_unlimited"),
+    ("seen &= j >= i - left", "seen &= (i - j).abs() <= left", "window_abs_distance"),
+    ("seen &= j <= i + right", "seen &= (j - i).abs() <= right", "window_abs_distance"),
 ]
 
 

@@ -209,12 +209,15 @@ def launch_dq_gqa(q, k, v, do, lse, delta, dq, causal, scale):
 
 
 def test_dq_kernel_wrong_kv_head_under_gqa():
+    """h % H_kv where h // GROUP_SIZE belongs: the case with GROUP_SIZE != H_kv tells the two apart."""
     with planted.plant("dq.kv_head_is_query_head"):
-        assert_hint(run_checker(check.dq_kernel, launch_dq_gqa, gqa=True), "gqa")
+        r = run_checker(check.dq_kernel, launch_dq_gqa, gqa=True)
+    assert_hint(r, "kv_head")
+    assert "it fits h_kv = h % H_kv" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 def test_dq_group_size_given_as_h_kv_is_named():
-    """The launcher passes H_kv where GROUP_SIZE = H // H_kv belongs: kv_head, with the formula."""
+    """The launcher passes H_kv where GROUP_SIZE = H // H_kv belongs: named from the launch itself."""
     def launch(q, k, v, do, lse, delta, dq, causal, scale):
         B, H, S_q, D = q.shape
         backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * H)](
@@ -222,8 +225,8 @@ def test_dq_group_size_given_as_h_kv_is_named():
             *lse.stride(), *delta.stride(), *dq.stride(), H, k.shape[1], S_q, k.shape[2], D, scale,
             **_common(q, k, scale, causal))
     r = run_checker(check.dq_kernel, launch, gqa=True)
-    assert_hint(r, "kv_head")
-    assert "it fits h_kv = h // H_kv" in " ".join(r.diagnosis().split()), r.diagnosis()
+    assert_hint(r, "launch_value")
+    assert "GROUP_SIZE received 2 (= H or H_kv)" in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
 def test_dq_kv_offset_with_the_query_head_is_named():

@@ -199,10 +199,11 @@ def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
 
     def run_case(case, x):
         out = Output(x.q.shape, x.q.dtype, x.q.device)
+        record: list = []
         n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, out.tensor, case.causal,
-                     case.scale_value)
+                     case.scale_value, record=record)
         return ({"dQ": out.tensor.clone()}, {"dQ": x.ref.dQ},
-                {"guard_touched": {"dQ": out.guard_touched()}, "launches": n})
+                {"guard_touched": {"dQ": out.guard_touched()}, "launches": n, "launch_args": record})
 
     return run_battery("check.dq_kernel", launch, _with_gqa(cases or KERNEL_BATTERY, gqa), run_case,
                        kind="dq", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
@@ -226,10 +227,12 @@ def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fals
     def run_case(case, x):
         dk = Output(x.k.shape, x.k.dtype, x.k.device)
         dv = Output(x.v.shape, x.v.dtype, x.v.device)
+        record: list = []
         n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, dk.tensor, dv.tensor,
-                     case.causal, case.scale_value)
+                     case.causal, case.scale_value, record=record)
         return ({"dK": dk.tensor.clone(), "dV": dv.tensor.clone()}, {"dK": x.ref.dK, "dV": x.ref.dV},
-                {"guard_touched": {"dK": dk.guard_touched(), "dV": dv.guard_touched()}, "launches": n})
+                {"guard_touched": {"dK": dk.guard_touched(), "dV": dv.guard_touched()}, "launches": n,
+                 "launch_args": record})
 
     return run_battery("check.dkdv_kernel", launch, _with_gqa(cases or KERNEL_BATTERY, gqa), run_case,
                        kind="dkdv", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,

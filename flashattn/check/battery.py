@@ -149,6 +149,10 @@ BACKWARD_BATTERY: tuple[Case, ...] = tuple(c for c in BATTERY if c.dtype is None
 GQA_CASES: tuple[Case, ...] = (
     _c("GQA 4 heads / 2 kv", 1, 4, 40, 40, 16, True, H_kv=2),
     _c("MQA 3 heads / 1 kv", 1, 3, 37, 45, 32, False, H_kv=1, layout=("bshd", "contiguous", "sliced")),
+    # two batch elements, laid out unlike each other: a batch index decoded with H where H_kv belongs
+    # is exact at B = 1, and lands on the next batch element's heads when the tensors are contiguous
+    # (and GROUP_SIZE = 3 != H_kv = 2: h % H_kv and h % GROUP_SIZE tell apart)
+    _c("GQA 6 / 2, batch of 2", 2, 6, 24, 24, 16, False, H_kv=2, layout=("bshd", "padded_heads", "contiguous")),
 )
 
 #: Forward-only battery (rebuild_p, online_softmax): dO plays no part.

@@ -62,6 +62,11 @@ def window_slips(S_q: int, S_k: int, window) -> dict:
         slips["window_zero_unlimited:both"] = visible(S_q, S_k, tuple(-1 if w == 0 else w for w in window))
     for side in ("left", "right", "both"):
         slips[f"window_minus_one:{side}"] = visible(S_q, S_k, window, literal=side)
+    i, j = torch.arange(S_q)[:, None], torch.arange(S_k)[None, :]
+    if window[0] >= 0:           # one side written as a distance, |i - j| <= left: it bounds both sides
+        slips["window_abs_distance:left"] = visible(S_q, S_k, window) & (j <= i + window[0])
+    if window[1] >= 0:
+        slips["window_abs_distance:right"] = visible(S_q, S_k, window) & (j >= i - window[1])
     for off in (-1, 1):          # > for >=, < for <=, or an edge computed one further out
         slips[f"window_left_off:{off}"] = visible(S_q, S_k, window, left_off=off)
         slips[f"window_right_off:{off}"] = visible(S_q, S_k, window, right_off=off)

@@ -47,6 +47,10 @@ _slip_rule("window_minus_one", "-1 is taken as a number, not as 'no limit'",
 _slip_rule("window_zero_unlimited", "a side of 0 is taken as 'no limit'",
            WINDOW_IDEA + " Only -1 means no limit; 0 is a real bound (left = 0: no key before the "
            "query). Test the side with >= 0, not > 0.")
+_slip_rule("window_abs_distance", "one side of the window is written as a distance, |i - j| <= w",
+           WINDOW_IDEA + " Each side bounds one direction only: left the keys before the query "
+           "(j >= i - left), right those after it (j <= i + right). |i - j| <= left also cuts the keys "
+           "after the query at i + left.")
 _slip_rule("window_bottom_right", "the window is aligned bottom-right",
            WINDOW_IDEA + " With S_q != S_k the course aligns query i with key i (top-left, as its causal "
            "mask); yours shifts the queries by S_k - S_q.")

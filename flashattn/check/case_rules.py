@@ -41,9 +41,19 @@ def _low_precision(ctx):
     if not bad or not all(_precision_loss(r, t) for r, t in bad):
         return None
     worst = max(bad, key=lambda rt: rt[1].worst)
-    return (f"every wrong output is within {worst[1].worst:.1e} of the reference (tolerance {worst[1].tol:.0e}; "
-            f"largest in '{worst[0].case.name}' {worst[1].name}), the error spread over the rows, in "
-            f"{len(ctx.failing)} of {len(ctx.results)} cases; {ctx.tensor_pattern()}")
+    evidence = (f"every wrong output is within {worst[1].worst:.1e} of the reference (tolerance {worst[1].tol:.0e}; "
+                f"largest in '{worst[0].case.name}' {worst[1].name}), the error spread over the rows, in "
+                f"{len(ctx.failing)} of {len(ctx.results)} cases; {ctx.tensor_pattern()}")
+    from .code_rules import low_dtype_casts   # here: importing code_rules registers its rules
+
+    casts = low_dtype_casts(ctx)
+    if casts:
+        lines = "; ".join(f"`{c}`" for c in casts[:2])
+        return (f"{evidence}; your code casts to a fixed 16-bit dtype, whatever the inputs': {lines}",
+                "A cast to a fixed fp16/bf16 rounds every value of that tensor to 11 (8) significant bits, "
+                "even when the inputs are fp32. Cast a tile only to the dtype of the product's other "
+                "operand (x.to(k.dtype)) and keep the softmax, dS and every sum in fp32.")
+    return evidence
 
 
 @rule("heads", "only some (batch, head) pairs are right: the offset of the later heads is wrong",

@@ -141,14 +141,24 @@ def separating(results: list, failing: list) -> Optional[tuple]:
 class Context:
     """What the rules look at, computed once."""
 
-    def __init__(self, results: list, kind: str):
+    def __init__(self, results: list, kind: str, subject=None):
         self.results = results
         self.kind = kind               # backward, dq, dkdv, autograd, rebuild_p, online_softmax, lazy
+        self.subject = subject         # the learner's function or launcher, for rules that read code
+        self._sources = None
         self.failing = [r for r in results if not r.ok]
         self.ran = [r for r in results if r.error is None]
         self.names = list(dict.fromkeys(n for r in self.ran for n in r.tensors))
         sep = separating(results, self.failing)
         self.pattern, self.exact = sep if sep else (None, False)
+
+    @property
+    def sources(self) -> list:
+        """The learner's source texts (function, kernels, autograd classes), read once."""
+        if self._sources is None:
+            from .origin import learner_sources
+            self._sources = learner_sources(self.subject) if self.subject is not None else []
+        return self._sources
 
     def wrong_in(self, name: str) -> list:
         return [r for r in self.ran if name in r.tensors and not r.tensors[name].ok]
@@ -254,11 +264,12 @@ def fingerprint_rule(id: str, title: str, idea: str, kinds: Optional[tuple] = No
     rule(id, title, idea, kinds=kinds)(fingerprint_test(name or id))
 
 
-def diagnose(results: list, kind: str) -> list:
-    """The first rule that fits, as a one-element list of :class:`Diagnosis` ([] if all passed)."""
+def diagnose(results: list, kind: str, subject=None) -> list:
+    """The first rule that fits, as a one-element list of :class:`Diagnosis` ([] if all passed).
+    ``subject``: the learner's function or launcher, whose source some rules read."""
     from . import rules  # noqa: F401  (registers the rules, in order)
 
-    ctx = Context(results, kind)
+    ctx = Context(results, kind, subject)
     if not ctx.failing:
         return []
     for r in RULES:

@@ -62,6 +62,31 @@ def _kernels_used(fn) -> list:
     return out
 
 
+def learner_sources(fn) -> list:
+    """The source of ``fn``, of the Triton kernels it launches and of the autograd.Function
+    classes it calls, for the diagnoses that read the code (flashattn's own code left out)."""
+    pkg_dir = Path(__file__).resolve().parent.parent
+    found = [_unwrap(fn)] + [k.fn for _, k in _kernels_used(fn)]
+    f = _unwrap(fn)
+    glb, code = getattr(f, "__globals__", {}), getattr(f, "__code__", None)
+    for name in (code.co_names if code is not None else ()):
+        obj = glb.get(name)
+        if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
+            found.append(obj)
+    out = []
+    for obj in found:
+        try:
+            path = Path(inspect.getsourcefile(obj) or "").resolve()
+            if pkg_dir in path.parents:
+                continue
+            text = inspect.getsource(obj)
+        except (OSError, TypeError):
+            continue
+        if text not in out:
+            out.append(text)
+    return out
+
+
 def _in_notebook(path: str) -> bool:
     return ("ipykernel_" in path or path.startswith("<ipython-input") or
             (path.startswith("<") and path.endswith(">")))

@@ -138,6 +138,9 @@ def _shape(ctx):
     return message
 
 
+from . import code_rules  # noqa: E402,F401  (slips the code itself shows: before the exceptions they cause)
+
+
 @rule("exception", "your code raised an exception",
       "The error and the line it came from are shown below; the cases it raised in say what they "
       "share (S_q != S_k, non-contiguous tensors, ...).")
@@ -212,6 +215,9 @@ def _input_modified(ctx):
 def _race(ctx):
     r = next((r for r in ctx.results if r.nondeterministic), None)
     return f"case '{r.case.name}': {', '.join(r.nondeterministic)} differed between two runs" if r else None
+
+
+from . import launch_rules  # noqa: E402,F401  (what the launch handed the kernel: before the memory rules)
 
 
 @rule("wild_access", "an address falls outside every tensor the kernel was given",

@@ -12,6 +12,7 @@ import re
 import sys
 import traceback
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -30,9 +31,43 @@ from .results import CaseResult, CheckFailed, CheckResult, compare
 # --------------------------------------------------------------------------------------
 # did the launcher start a kernel?
 # --------------------------------------------------------------------------------------
+@dataclass
+class Launch:
+    """One Triton launch as the kernel saw it: its scalar arguments by parameter name (tensors
+    left out) and the grid, so a rule can compare them with what the case needs."""
+
+    kernel: str
+    args: dict
+    grid: Optional[tuple]
+    fn: object = None                 # the kernel's Python function (its source, for the rules)
+
+
+def _record(fn, grid, args, kwargs) -> Optional[Launch]:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+        bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items() if k in params})
+    except (TypeError, ValueError):
+        return None
+    scalars = {n: v for n, v in bound.arguments.items()
+               if isinstance(v, (bool, int, float, np.integer, np.floating))}
+    if callable(grid):
+        try:
+            grid = grid(dict(bound.arguments))
+        except Exception:             # noqa: BLE001 -- a grid function of the learner's: leave it out
+            grid = None
+    try:
+        grid = tuple(int(g) for g in grid) if grid is not None else None
+    except (TypeError, ValueError):
+        grid = None
+    return Launch(getattr(fn, "__name__", "?"), scalars, grid, fn)
+
+
 @contextlib.contextmanager
-def count_triton_launches():
-    """Yields a one-element list counting the Triton kernels launched inside the block."""
+def count_triton_launches(record: Optional[list] = None):
+    """Yields a one-element list counting the Triton kernels launched inside the block; each
+    launch's :class:`Launch` is appended to ``record`` if one is given."""
     count = [0]
     if runtime.INTERPRET:
         from triton.runtime import interpreter
@@ -47,6 +82,11 @@ def count_triton_launches():
     def counting(self, *args, **kwargs):
         if not kwargs.get("warmup", False):
             count[0] += 1
+            if record is not None:
+                grid = self.grid if runtime.INTERPRET else kwargs.get("grid")
+                launch = _record(self.fn, grid, args, kwargs)
+                if launch is not None:
+                    record.append(launch)
         return original(self, *args, **kwargs)
 
     setattr(cls, attr, counting)
@@ -169,12 +209,16 @@ def watch_guard_reads(inputs: dict):
         cls.create_masked_load = original
 
 
-def launched(launch: Callable, kernel_language: str, *args) -> Optional[int]:
+def launched(launch: Callable, kernel_language: str, *args, record: Optional[list] = None) -> Optional[int]:
     """Call ``launch(*args)``; return how many kernels it started (Triton's, or for ``"cuda"``
-    CUDA kernels other than PyTorch's own; None where that cannot be counted)."""
-    counter = count_cuda_launches if kernel_language == "cuda" else count_triton_launches
-    with counter() as count:
-        launch(*args)
+    CUDA kernels other than PyTorch's own; None where that cannot be counted). Triton launches
+    are appended to ``record`` (a list) when one is given."""
+    if kernel_language == "cuda":
+        with count_cuda_launches() as count:
+            launch(*args)
+    else:
+        with count_triton_launches(record) as count:
+            launch(*args)
     return count[0]
 
 
@@ -356,6 +400,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 if wild["loads"] or wild["stores"]:
                     res.wild = dict(wild)
                 res.launches = extra.get("launches")
+                res.launch_args = extra.get("launch_args") or None
                 for name, want in extra.get("dtypes", {}).items():
                     got = getattr(outs.get(name), "dtype", None)
                     if got is not None and got != want:
@@ -395,7 +440,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 res.error_where = where(e)
                 res.inputs_modified = res.inputs_modified or inputs_changed(before, handed) or None
                 res.swapped = getattr(e, "pair", None) or res.swapped
-    result = CheckResult(title, results, diagnose(results, kind), origin, origin_warnings)
+    result = CheckResult(title, results, diagnose(results, kind, fn), origin, origin_warnings)
     if show:
         if result.ok:
             print("\n".join([result.pass_line()] + [f"  WARNING: {w}" for w in origin_warnings]))

@@ -1,0 +1,130 @@
+"""Diagnoses from what the launcher handed the kernel (``check.dq_kernel``, ``check.dkdv_kernel``).
+
+The runner records every Triton launch: the scalar arguments by the kernel's parameter names
+and the grid (:class:`flashattn.check.runner.Launch`). Where the kernel keeps the exercise's
+parameter names (``H``, ``H_KV``, ``GROUP_SIZE``, ``S_q``, ``S_k``, ``HEAD_DIM``, ``BLOCK_M``,
+...), a value unlike the case's -- H_kv where H belongs, two arguments in each other's place --
+or a grid whose axes are the other way round from the kernel's ``tl.program_id`` reads is the
+mistake itself, whatever the outputs look like. Registered in :mod:`flashattn.check.rules`
+before the memory rules: a wrong head count is also what sends addresses outside the tensors.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+
+from .diagnose import rule
+
+KINDS = ("dq", "dkdv")
+
+
+def _quantities(case) -> dict:
+    """Name -> value of every integer a launch could pass (several names may share a value)."""
+    H, H_kv = case.H, case.heads_kv
+    return {"H": H, "H_kv": H_kv, "GROUP_SIZE (H // H_kv)": H // max(1, H_kv), "S_q": case.S_q,
+            "S_k": case.S_k, "D": case.D, "B": case.B, "B * H": case.B * H, "B * H_kv": case.B * H_kv}
+
+
+def _expected(case, kind: str) -> dict:
+    """The exercise kernel's integer parameters -> (what belongs there, its value)."""
+    out = {"GROUP_SIZE": ("GROUP_SIZE (H // H_kv)", case.H // max(1, case.heads_kv)),
+           "S_q": ("S_q", case.S_q), "S_k": ("S_k", case.S_k), "HEAD_DIM": ("D", case.D)}
+    if kind == "dq":
+        out["H"] = ("H", case.H)
+    else:
+        out["H_KV"] = ("H_kv", case.heads_kv)
+    return out
+
+
+def _named(value, case, exclude: str = "") -> str:
+    names = [n for n, v in _quantities(case).items() if v == value and n != exclude][:2]
+    return f"{value} (= {' or '.join(names)})" if names else f"{value}"
+
+
+def _mismatches(r, kind: str) -> list:
+    """[(parameter, got, (label, want))] for the launches of one case."""
+    out = []
+    for launch in r.launch_args or ():
+        for name, (label, want) in _expected(r.case, kind).items():
+            got = launch.args.get(name)
+            if isinstance(got, bool) or got is None or not float(got).is_integer():
+                continue
+            if int(got) != want:
+                out.append((name, int(got), (label, want)))
+    return out
+
+
+@rule("launch_value", "a kernel parameter receives the wrong value from the launch",
+      "The launch's arguments fill the kernel's parameters in order: compare them one by one with "
+      "the kernel's signature (a value passed twice, two swapped, or one left out shifts every "
+      "later one). Each number must be the quantity the kernel's code assumes: H the query heads, "
+      "H_KV the K/V heads, GROUP_SIZE = H // H_kv, S_q and S_k, HEAD_DIM = D.", kinds=KINDS)
+def _launch_value(ctx):
+    # the mismatches must account for every failing case (a passing case may have one by luck:
+    # H_KV = H reads the right heads while B = 1 and the tensors are contiguous)
+    ran = [r for r in ctx.failing if r.error is None]
+    if not ran or not all(_mismatches(r, ctx.kind) for r in ran):
+        return None
+    names = {name for r in ran for name, _, _ in _mismatches(r, ctx.kind)}
+    if names == {"S_q", "S_k"}:
+        return None                  # the two lengths swapped: lengths_swapped names it, with its memory evidence
+    seen: dict = {}
+    for r in ctx.results:
+        for name, got, (label, want) in _mismatches(r, ctx.kind):
+            seen.setdefault((name, label), []).append((r, got, want))
+    found = []
+    for (name, label), hits in seen.items():
+        failing = [h for h in hits if not h[0].ok]
+        if not failing:
+            continue
+        r, got, want = failing[0]
+        found.append(f"{name} received {_named(got, r.case, label)} where {label} = {want} belongs "
+                     f"(in {len(failing)} failing case{'s' if len(failing) > 1 else ''}, e.g. '{r.case.name}')")
+    return "; ".join(found) + f"; {ctx.tensor_pattern()}"
+
+
+_PROGRAM_ID = re.compile(r"(\w+)\s*=\s*tl\.program_id\((?:axis\s*=\s*)?0\)")
+
+
+def _axis0_is_block(fn, block: str) -> bool:
+    """Whether the kernel's source takes its row block from ``tl.program_id(0)`` (the name it
+    assigns is multiplied by ``block``)."""
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return False
+    m = _PROGRAM_ID.search(src)
+    return bool(m) and re.search(rf"\b{m.group(1)}\s*\*\s*{block}\b", src) is not None
+
+
+def _swapped_grid(r, kind: str):
+    """(grid, expected) where a launch's grid has the kernel's two axes the other way round."""
+    block, rows, heads = (("BLOCK_M", r.case.S_q, r.case.H) if kind == "dq"
+                          else ("BLOCK_N", r.case.S_k, r.case.heads_kv))
+    for launch in r.launch_args or ():
+        size = launch.args.get(block)
+        if not isinstance(size, int) or size <= 0 or not launch.grid or len(launch.grid) < 2:
+            continue
+        want = (-(-rows // size), r.case.B * heads)
+        if launch.grid[:2] == want[::-1] and want[0] != want[1] and _axis0_is_block(launch.fn, block):
+            return launch.grid, want, block
+    return None
+
+
+@rule("grid_axes", "the grid's axes are the other way round from the kernel's tl.program_id reads",
+      "Your kernel takes its block of rows from tl.program_id(0) and the (batch, head) from "
+      "tl.program_id(1), so the grid must list them in that order: (number of row blocks, "
+      "B * heads). Swapped, programs get a block index that runs up to B * heads (rows far past "
+      "the end, masked or out of bounds) and a head index that stops at the block count (heads "
+      "never written).", kinds=KINDS)
+def _grid_axes(ctx):
+    for r in ctx.failing:
+        hit = _swapped_grid(r, ctx.kind)
+        if hit:
+            grid, want, block = hit
+            heads = "B * H" if ctx.kind == "dq" else "B * H_kv"
+            rows = "S_q" if ctx.kind == "dq" else "S_k"
+            return (f"'{r.case.name}': the grid is {tuple(grid)}, while the kernel reads its row block "
+                    f"from program_id(0) (times {block}) and needs (cdiv({rows}, {block}), {heads}) = "
+                    f"{want}; {len(ctx.failing)} of {len(ctx.results)} cases fail")
+    return None

@@ -1,0 +1,95 @@
+"""Diagnoses that read the learner's code or the launch itself (flashattn/check/code_rules.py,
+launch_rules.py), each proven by a one-line edit of the worked solution of exercise 03, 04 or
+05 -- the code a learner starts from -- while the unedited solution triggers none."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashattn import check
+
+from conftest import assert_clean, assert_hint, run_checker
+
+NOTEBOOKS = {"03": ("03_dq_kernel.ipynb", ("def dq_kernel", "def launch_dq")),
+             "04": ("04_dkdv_kernel.ipynb", ("def dkdv_kernel", "def launch_dkdv")),
+             "05": ("05_autograd_function.ipynb", ("class FlashAttention(",))}
+
+
+def solution(tmp_path, exercise, edit=None):
+    """The worked solution's definitions as a module (a file: triton.jit reads a kernel's
+    source), with ``edit = (old, new)`` (or a list of them) applied; each ``old`` must occur exactly once."""
+    name, markers = NOTEBOOKS[exercise]
+    nb = json.loads((Path(__file__).parents[1] / "solutions" / name).read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    code = "\n\n".join(c for c in cells if any(m in c for m in markers))
+    for old, new in ([edit] if isinstance(edit, tuple) else edit or []):
+        assert code.count(old) == 1, old
+        code = code.replace(old, new)
+    path = tmp_path / f"solution_{exercise}_{abs(hash(code))}.py"
+    path.write_text("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport flashattn\n\n" + code)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHECKS = {"03": lambda m: run_checker(check.dq_kernel, m.launch_dq, gqa=True),
+          "04": lambda m: run_checker(check.dkdv_kernel, m.launch_dkdv, gqa=True),
+          "05": lambda m: run_checker(check.autograd_function, m.my_flash_attention)}
+
+
+@pytest.mark.parametrize("exercise", sorted(CHECKS))
+def test_the_solutions_pass(tmp_path, exercise):
+    assert_clean(CHECKS[exercise](solution(tmp_path, exercise)))
+
+
+EDITS = [
+    # the launch hands the kernel a wrong value or a grid the other way round
+    ("03", "H, H // H_kv, S_q, S_k, D, scale,", "H_kv, H // H_kv, S_q, S_k, D, scale,", "launch_value",
+     "H received"),
+    ("03", "H, H // H_kv, S_q, S_k, D, scale,", "H // H_kv, H, S_q, S_k, D, scale,", "launch_value",
+     "GROUP_SIZE received"),
+    ("04", "H_kv, H // H_kv, S_q, S_k, D, scale,", "H, H // H_kv, S_q, S_k, D, scale,", "launch_value",
+     "H_KV received"),
+    ("03", "grid = (triton.cdiv(S_q, BLOCK), B * H)", "grid = (B * H, triton.cdiv(S_q, BLOCK))", "grid_axes",
+     "program_id(0)"),
+    ("04", "grid = (triton.cdiv(S_k, BLOCK), B * H_kv)", "grid = (B * H_kv, triton.cdiv(S_k, BLOCK))", "grid_axes",
+     "cdiv(S_k, BLOCK_N)"),
+    # the kernel's own head map wrong (the launch is right): kv_head, with the map it fits
+    ("03", "h_kv = h // GROUP_SIZE ", "h_kv = h // (H // GROUP_SIZE) ", "kv_head", "it fits h_kv = h // H_kv"),
+    # a loop that counts blocks but steps by rows
+    ("04", "for start_m in range(m_start, S_q, BLOCK_M):",
+     "for start_m in range(m_start, tl.cdiv(S_q, BLOCK_M), BLOCK_M):", "loop_units", "tl.cdiv(S_q, BLOCK_M)"),
+    ("03", "for start_n in range(0, kv_end, BLOCK_N):", "for start_n in range(0, kv_end // BLOCK_N, BLOCK_N):",
+     "loop_units", "kv_end // BLOCK_N"),
+    # the scores tile in the other kernel's orientation (square blocks: nothing raises)
+    ("04", "sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * scale",
+     "sT = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale", "scores_orientation", "lse[None, :]"),
+    ("03", "s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale",
+     "s = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * scale", "scores_orientation", "lse[:, None]"),
+    # a fixed 16-bit cast, named by the precision diagnosis
+    ("03", "ds = p * (dp - delta[:, None])", "ds = (p * (dp - delta[:, None])).to(tl.float16)", "low_precision",
+     "tl.float16"),
+    # apply's arguments in another order than forward's
+    ("05", "FlashAttention.apply(q, k, v, causal, scale)", "FlashAttention.apply(q, k, v, scale, causal)",
+     "apply_order", "scale where forward takes causal"),
+]
+
+
+@pytest.mark.parametrize("exercise,old,new,hint,phrase", EDITS,
+                         ids=[f"{e[0]}-{e[3]}-{i}" for i, e in enumerate(EDITS)])
+def test_code_and_launch_slips_are_named(tmp_path, exercise, old, new, hint, phrase):
+    r = CHECKS[exercise](solution(tmp_path, exercise, (old, new)))
+    assert_hint(r, hint)
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_a_kernel_with_its_own_parameter_meaning_is_not_blamed(tmp_path):
+    """launch_value names a parameter only where its value is off in failing cases alone: a
+    kernel whose GROUP_SIZE means H_kv (the launcher passes H_kv, the kernel divides H by it)
+    is correct, passes, and is not blamed."""
+    m = solution(tmp_path, "03", [("H, H // H_kv, S_q, S_k, D, scale,", "H, H_kv, S_q, S_k, D, scale,"),
+                                  ("h_kv = h // GROUP_SIZE ", "h_kv = h // (H // GROUP_SIZE) ")])
+    assert_clean(run_checker(check.dq_kernel, m.launch_dq, gqa=True))
