@@ -72,6 +72,11 @@ EDITS = [
     # a fixed 16-bit cast, named by the precision diagnosis
     ("03", "ds = p * (dp - delta[:, None])", "ds = (p * (dp - delta[:, None])).to(tl.float16)", "low_precision",
      "tl.float16"),
+    # delta computed only where dQ is: a frozen q leaves it undefined
+    ("05", "        delta = flashattn.attention_backward_delta(o, do)           # rowsum(dO * O)\n        dq = None\n"
+           "        if ctx.needs_input_grad[0]:\n",
+     "        dq = None\n        if ctx.needs_input_grad[0]:\n            delta = flashattn.attention_backward_delta(o, do)\n",
+     "exception", "q frozen, k and v trained"),
     # apply's arguments in another order than forward's
     ("05", "FlashAttention.apply(q, k, v, causal, scale)", "FlashAttention.apply(q, k, v, scale, causal)",
      "apply_order", "scale where forward takes causal"),
@@ -93,3 +98,21 @@ def test_a_kernel_with_its_own_parameter_meaning_is_not_blamed(tmp_path):
     m = solution(tmp_path, "03", [("H, H // H_kv, S_q, S_k, D, scale,", "H, H_kv, S_q, S_k, D, scale,"),
                                   ("h_kv = h // GROUP_SIZE ", "h_kv = h // (H // GROUP_SIZE) ")])
     assert_clean(run_checker(check.dq_kernel, m.launch_dq, gqa=True))
+
+
+def test_pytorchs_not_implemented_is_not_the_placeholder(tmp_path):
+    """A NotImplementedError that PyTorch raises (float &= bool) is an error of the learner's code,
+    not the exercise's unwritten placeholder: the mask's dtype is named."""
+    def visible_mask(S_q, S_k, window):
+        left, right = window
+        i, j = torch.arange(S_q)[:, None], torch.arange(S_k)[None, :]
+        seen = torch.ones(S_q, S_k)                   # float: &= with a bool raises
+        if left >= 0:
+            seen &= j >= i - left
+        if right >= 0:
+            seen &= j <= i + right
+        return seen
+
+    r = run_checker(check.window_mask, visible_mask)
+    assert_hint(r, "shape")
+    assert "dtype torch.float32, expected torch.bool" in " ".join(r.diagnosis().split()), r.diagnosis()

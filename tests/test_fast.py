@@ -120,3 +120,51 @@ def test_fused_backward_refused_in_deterministic_mode():
         fast.flash_attention_fast(q, q, q)  # the default, two kernels, is fine
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def _hopper_with_descriptors() -> bool:
+    import triton.language as tl
+    return ON_GPU and torch.cuda.get_device_capability()[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
+
+
+def test_tma_loads_only_where_their_rules_hold(monkeypatch):
+    """The dK/dV kernel loads Q and dO through tensor descriptors only on a Hopper-class GPU,
+    for 16-bit data with unit last stride and 16-byte aligned strides and address."""
+    from flashattn.fast import tuning
+
+    def spec(dtype=torch.float16, stride=None, ptr=0):
+        return tuning.ArgSpec((2, 4, 64, 128), dtype, torch.device("cuda"), stride, ptr)
+
+    assert tuning.tma_ready(spec(), spec()) == _hopper_with_descriptors()
+    assert not tuning.tma_ready(spec(ptr=2), spec())                                   # address 2 bytes off
+    assert not tuning.tma_ready(spec(), spec(stride=(64 * 256, 64 * 256, 256, 2)))    # last stride 2
+    assert not tuning.tma_ready(spec(stride=(4 * 67 * 128, 67 * 128, 131, 1)), spec())  # a row of 262 bytes
+    assert not tuning.tma_ready(spec(torch.float32), spec(torch.float32))
+    monkeypatch.setenv("FLASHATTN_TMA", "0")
+    assert not tuning.tma_ready(spec(), spec())
+
+
+@pytest.mark.skipif(not _hopper_with_descriptors(), reason="tensor-descriptor loads need a Hopper-class GPU")
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 8, 2, 2100, 1777, 128), (1, 4, 4, 2048, 3001, 128)],
+                         ids=lambda s: "B{}H{}Hkv{}Sq{}Sk{}D{}".format(*s))
+def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal):
+    """Same tiles, same values loaded (rows past S_q arrive as zeros either way): the backward
+    with TMA loads (D = 128, S_q >= 2048: where they are used) equals the one with pointer
+    loads bit for bit, Q in the [B, S, H, D] layout."""
+    from flashattn.fast.backward import fast_attention_backward
+    from flashattn.fast.forward import fast_attention_forward
+
+    B, H, H_kv, S_q, S_k, D = shape
+    q = rand(B, H, S_q, D, dtype=torch.float16, layout="bshd")
+    k, v = (rand(B, H_kv, S_k, D, dtype=torch.float16) for _ in range(2))
+    do = rand(B, H, S_q, D, dtype=torch.float16)
+    from flashattn.fast import tuning
+
+    assert tuning.tma_ready(q, do)
+    o, lse = fast_attention_forward(q, k, v, causal, D ** -0.5)
+    with_tma = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
+    monkeypatch.setenv("FLASHATTN_TMA", "0")
+    without = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
+    for name, a, b in zip(("dQ", "dK", "dV"), with_tma, without):
+        assert torch.equal(a, b), name

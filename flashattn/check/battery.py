@@ -172,6 +172,8 @@ AUTOGRAD_BATTERY: tuple[Case, ...] = (
     _c("only q needs grad", 1, 2, 24, 24, 32, False, requires="q"),
     # dK and dV are asked for separately (needs_input_grad[1] and [2]): a frozen k, a trained v
     _c("v needs grad, k does not", 1, 2, 24, 24, 32, True, requires="qv"),
+    # q frozen (a cross-attention's queries from a frozen encoder): dK, dV without dQ
+    _c("q frozen, k and v trained", 1, 2, 24, 24, 32, False, requires="kv"),
     # scale=None, as SDPA allows: the default 1/sqrt(D) must be filled in (not 1/D, not 1)
     _c("scale=None (default)", 1, 2, 24, 24, 32, True, scale_none=True),
 )

@@ -21,6 +21,7 @@ import torch
 from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
+from .results import Unwritten
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -32,7 +33,7 @@ from .structure_rules import add as add_structure_rules
       "Your code still raises NotImplementedError: replace the `raise NotImplementedError()` line "
       "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.")
 def _not_implemented(ctx):
-    return "" if _first_error(ctx, NotImplementedError) is not None else None
+    return "" if _first_error(ctx, Unwritten) is not None else None
 
 
 @rule("no_kernel", "your launcher ran no kernel",

@@ -25,7 +25,7 @@ from . import fingerprints, structure, substitutions
 from .battery import GUARDED, guard_bits, make_inputs
 from .diagnose import DtypeError, ShapeError, diagnose
 from .origin import describe_origin
-from .results import CaseResult, CheckFailed, CheckResult, compare
+from .results import CaseResult, CheckFailed, CheckResult, Unwritten, compare
 
 
 # --------------------------------------------------------------------------------------
@@ -241,11 +241,14 @@ def kernel_not_written(launch) -> bool:
 
 
 def _not_implemented(e: BaseException) -> bool:
-    """NotImplementedError, possibly wrapped by Triton's interpreter or compiler."""
+    """The exercise's placeholder: a NotImplementedError raised by a ``raise NotImplementedError``
+    line, possibly wrapped by Triton's interpreter or compiler -- not one that PyTorch raises
+    for an operation it lacks (a float tensor &= a bool one)."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, NotImplementedError):
-            return True
+            frames = traceback.extract_tb(e.__traceback__)
+            return not frames or "NotImplementedError" in (frames[-1].line or "")
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
@@ -382,7 +385,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             res = CaseResult(case)
             results.append(res)
             if not_written:
-                res.error = NotImplementedError("kernel body not written")
+                res.error = Unwritten("kernel body not written")
                 break
             # a case's own dtype (the fp16 case) applies unless the caller asked for one dtype
             case_dtype = dtype if dtype_given else (getattr(case, "dtype", None) or dtype)
@@ -434,7 +437,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 raise
             except Exception as e:          # noqa: BLE001 -- report any error of the learner's code
                 if _not_implemented(e):
-                    res.error = NotImplementedError(str(e))
+                    res.error = Unwritten(str(e))
                     break                   # every other case would say the same
                 res.error = e
                 res.error_where = where(e)

@@ -89,13 +89,14 @@ def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
     with triton.AsyncCompileMode(ThreadPoolExecutor(workers or os.cpu_count() or 4)):
         for dtype in dtypes:
             for D in head_dims:
-                q, k, v, o, do = (ArgSpec((1, 2, 128, D), dtype, torch.device("cuda")) for _ in range(5))
-                lse = ArgSpec((1, 2, 128), torch.float32, torch.device("cuda"))
-                for causal in causals:
-                    fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True)
-                    for fused in (False, True):
-                        fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5,
-                                                fused=fused, warmup=True)
+                for S in (128, 4096):       # short and long: the dK/dV kernel's TMA variant is for long S
+                    q, k, v, o, do = (ArgSpec((1, 2, S, D), dtype, torch.device("cuda")) for _ in range(5))
+                    lse = ArgSpec((1, 2, S), torch.float32, torch.device("cuda"))
+                    for causal in causals:
+                        fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True)
+                        for fused in (False, True):
+                            fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5,
+                                                    fused=fused, warmup=True)
     return time.perf_counter() - t0
 
 

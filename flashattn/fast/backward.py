@@ -152,12 +152,16 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                 PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr):
+                WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
-        q = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok, True, PAD_D)
-        do = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok, True, PAD_D)
+        if TMA:   # q_base, do_base are tensor descriptors: rows past S_q arrive as zeros
+            q = q_base.load([start_m, 0])
+            do = do_base.load([start_m, 0])
+        else:
+            q = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok, True, PAD_D)
+            do = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok, True, PAD_D)
         # padded rows: LSE = +inf makes their P exactly 0, no mask needed
         lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
@@ -200,6 +204,7 @@ def fast_dkdv_kernel(
     CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    TMA: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -243,6 +248,11 @@ def fast_dkdv_kernel(
             do_base += q_start.to(tl.int64) * stride_do_s
             lse_base += q_start
             delta_base += q_start
+        if TMA:   # Hopper: the copy engine fetches each Q and dO tile, no address arithmetic per element
+            q_base = tl.make_tensor_descriptor(q_base, shape=[S_q, HEAD_DIM], strides=[stride_q_s, 1],
+                                               block_shape=[BLOCK_M, BLOCK_D])
+            do_base = tl.make_tensor_descriptor(do_base, shape=[S_q, HEAD_DIM], strides=[stride_do_s, 1],
+                                                block_shape=[BLOCK_M, BLOCK_D])
         seq_head = b * H_KV * GROUP_SIZE + h                 # the forward's program_id(1) for this head
         if WINDOW:   # the query rows that see these keys: masked edges, whole tiles between
             lo, free_lo, free_hi, hi = window_tiles(start_n, S_k, S_q, RIGHT, LEFT, BLOCK_N, BLOCK_M)
@@ -250,17 +260,17 @@ def fast_dkdv_kernel(
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, lo, free_lo, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N)
+                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, free_lo, free_hi, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N)
+                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, free_hi, hi, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N)
+                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA)
         else:
             if CAUSAL:
                 # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
@@ -270,7 +280,7 @@ def fast_dkdv_kernel(
                                      stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                      offs_n, offs_d, d_ok, start_n, diag_end, S_q, qk_scale, scale,
                                      start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N)
+                                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA)
                 first_free = start_n + BLOCK_N
             else:
                 first_free = 0
@@ -278,7 +288,7 @@ def fast_dkdv_kernel(
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, first_free, q_end, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N)
+                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA)
 
     if DROPOUT:
         dv = dv * keep_scale
@@ -316,6 +326,10 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
               *strides(lse)[:2], *strides(delta)[:2])
     features = (S_BUCKET, *window_args[1:], float(dropout_p), dropout_threshold(dropout_p), seed)
     fused = fused and needs_dq and needs_dkdv
+    # TMA loads where they measured faster on an H100 (notebook 06): D = 128 with a long query loop,
+    # 4-9% off the backward at S >= 4k; at S = 1k causal the descriptors' setup cost 16%, at D = 64
+    # nothing was gained, and the fused kernel got slower
+    tma = not fused and D == 128 and S_q >= 2048 and tuning.tma_ready(q, do)
     meta = dict(tuning.constants(q, causal), WINDOW=window_args[0], VARLEN=varlen, DROPOUT=dropout_p > 0)
     dq = dk = dv = None
     if needs_dq and not fused:
@@ -336,7 +350,7 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                 *strides(dk)[:3], *strides(dv)[:3], *strides(dq_acc)[:3],
                 H_kv, H // H_kv, S_q, S_k, scale, *features)
         tuning.run("fused" if fused else "dkdv", fast_dkdv_kernel, _tuned_fused if fused else _tuned_dkdv,
-                   lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args, dict(meta, FUSED_DQ=fused),
+                   lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args, dict(meta, FUSED_DQ=fused, TMA=tma),
                    config=config, warmup=warmup)
         if fused and not warmup:
             dq = dq_acc.to(q.dtype)

@@ -61,6 +61,49 @@ class ArgSpec:
         return self.dtype.itemsize
 
 
+def tma_ready(*tensors) -> bool:
+    """Whether the dK/dV kernel may load its Q and dO tiles through the copy engine (TMA, tensor
+    descriptors made on the device): a Hopper or newer GPU, a Triton with tensor descriptors,
+    fp16/bf16 data (what was measured), unit last stride, every other stride and the address
+    16-byte aligned (TMA's rules). ``FLASHATTN_TMA=0`` turns it off (notebook 06's ablation).
+    Anything else takes the pointer loads, with the same results."""
+    import torch
+
+    if runtime.INTERPRET or not hasattr(tl, "make_tensor_descriptor") or \
+            os.environ.get("FLASHATTN_TMA", "").strip() == "0":
+        return False
+    device = tensors[0].device
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    for t in tensors:
+        size = t.element_size()
+        if t.dtype not in (torch.float16, torch.bfloat16) or t.stride(-1) != 1 or t.data_ptr() % 16 or \
+                any(s * size % 16 for s in t.stride()[:-1]):
+            return False
+    _ensure_allocator()
+    return True
+
+
+def _scratch(size: int, alignment: int, stream):
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Descriptors made on the device need a small global scratch buffer per launch, which
+    Triton asks of the allocator set with ``triton.set_allocator``: a torch allocation (CUDA
+    graphs and the caching allocator see it), unless the program set its own. The setting
+    lives in a context variable, so it is made in the thread that launches (autograd runs the
+    backward in a thread of its own)."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:        # a Triton without runtime allocation has no device descriptors either
+        return
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
 def output(shape, dtype, device, warmup: bool):
     """A new output tensor, or for a warm-up its ``ArgSpec``."""
     return ArgSpec(shape, dtype, device) if warmup else runtime.new_output(shape, dtype, device)
