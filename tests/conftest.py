@@ -5,7 +5,10 @@ boundaries (blocks are forced to 16 x 16 where it matters); on a GPU the same te
 realistic sizes. Every output buffer starts as NaN, so an element a kernel forgets to write
 fails the comparison instead of passing by luck.
 """
+import importlib.util
+import json
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +82,31 @@ def assert_close_per_head(name, actual, expected, tol):
 # assert it named exactly the planted bug, or nothing at all.
 def run_checker(checker, fn, **kw):
     return checker(fn, raise_on_fail=False, show=False, **kw)
+
+
+#: The worked solutions whose definitions ``solution`` loads: notebook and the cells' markers.
+NOTEBOOKS = {"03": ("03_dq_kernel.ipynb", ("def dq_kernel", "def launch_dq")),
+             "04": ("04_dkdv_kernel.ipynb", ("def dkdv_kernel", "def launch_dkdv")),
+             "05": ("05_autograd_function.ipynb", ("class FlashAttention(",))}
+
+
+def solution(tmp_path, exercise, edit=None):
+    """The definitions of exercise ``exercise``'s worked solution as a module (a file: triton.jit
+    reads a kernel's source), with ``edit = (old, new)`` (or a list of them) applied; each
+    ``old`` must occur exactly once."""
+    name, markers = NOTEBOOKS[exercise]
+    nb = json.loads((Path(__file__).parents[1] / "solutions" / name).read_text())
+    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    code = "\n\n".join(c for c in cells if any(m in c for m in markers))
+    for old, new in ([edit] if isinstance(edit, tuple) else edit or []):
+        assert code.count(old) == 1, old
+        code = code.replace(old, new)
+    path = tmp_path / f"solution_{exercise}_{abs(hash(code))}.py"
+    path.write_text("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport flashattn\n\n" + code)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def assert_hint(result, hint):

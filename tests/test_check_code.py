@@ -1,39 +1,12 @@
 """Diagnoses that read the learner's code or the launch itself (flashattn/check/code_rules.py,
 launch_rules.py), each proven by a one-line edit of the worked solution of exercise 03, 04 or
 05 -- the code a learner starts from -- while the unedited solution triggers none."""
-import importlib.util
-import json
-from pathlib import Path
-
 import pytest
 import torch
 
 from flashattn import check
 
-from conftest import assert_clean, assert_hint, run_checker
-
-NOTEBOOKS = {"03": ("03_dq_kernel.ipynb", ("def dq_kernel", "def launch_dq")),
-             "04": ("04_dkdv_kernel.ipynb", ("def dkdv_kernel", "def launch_dkdv")),
-             "05": ("05_autograd_function.ipynb", ("class FlashAttention(",))}
-
-
-def solution(tmp_path, exercise, edit=None):
-    """The worked solution's definitions as a module (a file: triton.jit reads a kernel's
-    source), with ``edit = (old, new)`` (or a list of them) applied; each ``old`` must occur exactly once."""
-    name, markers = NOTEBOOKS[exercise]
-    nb = json.loads((Path(__file__).parents[1] / "solutions" / name).read_text())
-    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    code = "\n\n".join(c for c in cells if any(m in c for m in markers))
-    for old, new in ([edit] if isinstance(edit, tuple) else edit or []):
-        assert code.count(old) == 1, old
-        code = code.replace(old, new)
-    path = tmp_path / f"solution_{exercise}_{abs(hash(code))}.py"
-    path.write_text("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport flashattn\n\n" + code)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from conftest import assert_clean, assert_hint, run_checker, solution
 
 CHECKS = {"03": lambda m, **kw: run_checker(check.dq_kernel, m.launch_dq, gqa=True, **kw),
           "04": lambda m, **kw: run_checker(check.dkdv_kernel, m.launch_dkdv, gqa=True, **kw),

@@ -14,7 +14,7 @@ import triton.language as tl
 import flashattn
 from flashattn import backward, check, planted, runtime
 
-from conftest import assert_clean, assert_hint, run_checker
+from conftest import assert_clean, assert_hint, run_checker, solution
 
 
 # --------------------------------------------------------------------------------------
@@ -263,31 +263,12 @@ def test_dkdv_grid_over_query_heads_is_named(dtype, evidence):
     assert not any("query_block_from_pid" in c.fingerprints for c in r.results), r.report()
 
 
-def _solution_04(tmp_path, edit=None):
-    """Exercise 04's solution (kernel and launcher) as a module, with one edit (old, new)."""
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    nb = json.loads((Path(__file__).parents[1] / "solutions" / "04_dkdv_kernel.ipynb").read_text())
-    cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    code = "\n\n".join(c for c in cells if "def dkdv_kernel" in c or "def launch_dkdv" in c)
-    if edit:
-        assert edit[0] in code
-        code = code.replace(edit[0], edit[1])
-    path = tmp_path / "solution_04.py"          # a file: triton.jit reads the kernel's source
-    path.write_text("import torch\nimport triton\nimport triton.language as tl\nimport flashattn\n\n" + code)
-    spec = importlib.util.spec_from_file_location("solution_04", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.launch_dkdv
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_solution_04_with_a_grid_over_query_heads_is_gqa_grid(tmp_path, dtype):
     """The blind evaluation's variant: exercise 04's launcher with grid (cdiv(S_k, BLOCK), B * H)."""
-    assert_clean(run_checker(check.dkdv_kernel, _solution_04(tmp_path), gqa=True, dtype=dtype))
-    launch = _solution_04(tmp_path, ("grid = (triton.cdiv(S_k, BLOCK), B * H_kv)", "grid = (triton.cdiv(S_k, BLOCK), B * H)"))
+    assert_clean(run_checker(check.dkdv_kernel, solution(tmp_path, "04").launch_dkdv, gqa=True, dtype=dtype))
+    launch = solution(tmp_path, "04", ("grid = (triton.cdiv(S_k, BLOCK), B * H_kv)",
+                                       "grid = (triton.cdiv(S_k, BLOCK), B * H)")).launch_dkdv
     r = run_checker(check.dkdv_kernel, launch, gqa=True, dtype=dtype)
     assert_hint(r, "gqa_grid")
 

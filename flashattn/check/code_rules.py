@@ -14,6 +14,7 @@ import inspect
 import re
 
 from .diagnose import rule
+from .origin import _unwrap
 
 
 def _args(text: str, start: int) -> tuple:
@@ -56,7 +57,7 @@ def _line_of(src: str, needle: str) -> str:
 # autograd: apply's arguments against forward's parameters
 # --------------------------------------------------------------------------------------
 def _forward_params(ctx, cls_name: str):
-    glb = getattr(getattr(ctx.subject, "__wrapped__", ctx.subject), "__globals__", {})
+    glb = getattr(_unwrap(ctx.subject), "__globals__", {})
     cls = glb.get(cls_name)
     forward = getattr(cls, "forward", None)
     try:

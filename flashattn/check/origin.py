@@ -66,8 +66,8 @@ def learner_sources(fn) -> list:
     """The source of ``fn``, of the Triton kernels it launches and of the autograd.Function
     classes it calls, for the diagnoses that read the code (flashattn's own code left out)."""
     pkg_dir = Path(__file__).resolve().parent.parent
-    found = [_unwrap(fn)] + [k.fn for _, k in _kernels_used(fn)]
     f = _unwrap(fn)
+    found = [f] + [k.fn for _, k in _kernels_used(fn)]
     glb, code = getattr(f, "__globals__", {}), getattr(f, "__code__", None)
     for name in (code.co_names if code is not None else ()):
         obj = glb.get(name)

@@ -46,8 +46,8 @@ def _record(fn, grid, args, kwargs) -> Optional[Launch]:
     import inspect
 
     try:
-        params = inspect.signature(fn).parameters
-        bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items() if k in params})
+        signature = inspect.signature(fn)
+        bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
     except (TypeError, ValueError):
         return None
     scalars = {n: v for n, v in bound.arguments.items()

@@ -330,6 +330,8 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     # 4-9% off the backward at S >= 4k; at S = 1k causal the descriptors' setup cost 16%, at D = 64
     # nothing was gained, and the fused kernel got slower
     tma = not fused and D == 128 and S_q >= 2048 and tuning.tma_ready(q, do)
+    if tma and not warmup:
+        tuning.ensure_allocator()     # in this (launching) thread: descriptors need a scratch buffer
     meta = dict(tuning.constants(q, causal), WINDOW=window_args[0], VARLEN=varlen, DROPOUT=dropout_p > 0)
     dq = dk = dv = None
     if needs_dq and not fused:

@@ -80,7 +80,6 @@ def tma_ready(*tensors) -> bool:
         if t.dtype not in (torch.float16, torch.bfloat16) or t.stride(-1) != 1 or t.data_ptr() % 16 or \
                 any(s * size % 16 for s in t.stride()[:-1]):
             return False
-    _ensure_allocator()
     return True
 
 
@@ -90,7 +89,7 @@ def _scratch(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _ensure_allocator() -> None:
+def ensure_allocator() -> None:
     """Descriptors made on the device need a small global scratch buffer per launch, which
     Triton asks of the allocator set with ``triton.set_allocator``: a torch allocation (CUDA
     graphs and the caching allocator see it), unless the program set its own. The setting
