@@ -84,25 +84,36 @@ def run_checker(checker, fn, **kw):
     return checker(fn, raise_on_fail=False, show=False, **kw)
 
 
-#: The worked solutions whose definitions ``solution`` loads: notebook and the cells' markers.
-NOTEBOOKS = {"03": ("03_dq_kernel.ipynb", ("def dq_kernel", "def launch_dq")),
-             "04": ("04_dkdv_kernel.ipynb", ("def dkdv_kernel", "def launch_dkdv")),
-             "05": ("05_autograd_function.ipynb", ("class FlashAttention(",))}
+#: The worked solutions whose definitions ``solution`` loads: notebook, the cells' markers, and
+#: where a cell's demo starts (cut off: only the definitions are wanted).
+NOTEBOOKS = {"01": ("01_attention_backward.ipynb", ("def attention_backward(",), None),
+             "02p": ("02_lse_and_online_softmax.ipynb", ("def rebuild_p(",), None),
+             "02o": ("02_lse_and_online_softmax.ipynb", ("def online_softmax_forward(",), None),
+             "03": ("03_dq_kernel.ipynb", ("def dq_kernel", "def launch_dq"), None),
+             "04": ("04_dkdv_kernel.ipynb", ("def dkdv_kernel", "def launch_dkdv"), None),
+             "05": ("05_autograd_function.ipynb", ("class FlashAttention(",), None),
+             "07": ("07_lazy_attention.ipynb", ("def forward_one_head(", "def lazy_backward_one_head("),
+                    "torch.manual_seed(0)"),
+             "09": ("09_beyond_the_basics.ipynb", ("def visible_mask(", "def sequence_backward(",
+                                                   "def packed_backward("), None)}
+_HEADER = ("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport flashattn\n"
+           "from flashattn.reference import causal_mask\nfrom flashattn.beyond import dropout_mask\n\n")
 
 
 def solution(tmp_path, exercise, edit=None):
     """The definitions of exercise ``exercise``'s worked solution as a module (a file: triton.jit
     reads a kernel's source), with ``edit = (old, new)`` (or a list of them) applied; each
     ``old`` must occur exactly once."""
-    name, markers = NOTEBOOKS[exercise]
+    name, markers, cut = NOTEBOOKS[exercise]
     nb = json.loads((Path(__file__).parents[1] / "solutions" / name).read_text())
     cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
-    code = "\n\n".join(c for c in cells if any(m in c for m in markers))
+    cells = [c.split(cut)[0] if cut else c for c in cells if any(m in c for m in markers)]
+    code = "\n\n".join(cells)
     for old, new in ([edit] if isinstance(edit, tuple) else edit or []):
         assert code.count(old) == 1, old
         code = code.replace(old, new)
     path = tmp_path / f"solution_{exercise}_{abs(hash(code))}.py"
-    path.write_text("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport flashattn\n\n" + code)
+    path.write_text(_HEADER + code)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -247,7 +247,7 @@ def make_online(bug=None):
         l = torch.zeros((B, H, S_q, 1), dtype=torch.float32, device=q.device)
         acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
         rows = torch.arange(S_q, device=q.device)[:, None]
-        end = S_k - block_n + 1 if bug == "padding" else S_k     # drops the partial last block
+        end = S_k - block_n + 1 if bug == "online_drop_partial" else S_k     # drops the partial last block
         for start in range(0, end, block_n):
             end = block_n if bug == "slice_end" else start + block_n - (bug == "online_block_short")
             kb, vb = k[:, :, start:end].float(), v[:, :, start:end].float()
@@ -272,7 +272,7 @@ def make_online(bug=None):
     return online_softmax
 
 
-@pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "padding", "online_unscaled", "online_exp2",
+@pytest.mark.parametrize("bug", [None, "rescale", "lse_output", "online_drop_partial", "online_unscaled", "online_exp2",
                                  "mask_hides_diagonal", "online_max_not_kept", "online_p_old_max",
                                  "online_not_normalized", "online_block_max", "online_block_short",
                                  "online_scale_in_p"])

@@ -143,7 +143,7 @@ DKDV_BUGS = {
     "dkdv.no_delta": ("delta", "dV right in every case"),
     "dkdv.exp2": ("lse", "match that computation"),
     "dkdv.unscaled_scores": ("scale_in_scores", "match that computation"),
-    "dkdv.dv_from_p": ("dv_formula", "dK right in every case"),
+    "dkdv.dv_from_p": ("tile_transposed_again", "dK right in every case"),
     "dkdv.overwrite": ("accumulate", "last block's share alone (blocks of 32)"),
     "dkdv.same_query_tile": ("query_blocks", "more than one query block of 32"),
     "dkdv.query_loop_to_S_k": ("rows_bound", "S_q > S_k"),

@@ -118,6 +118,8 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
         hidden = ~torch.isfinite(ref.S)
         return {"unscaled_s": {"P": torch.exp(raw - lse).masked_fill(hidden, 0.0)},
                 "exp2": {"P": torch.exp2(ref.S - lse)},
+                "scale_twice": {"P": torch.exp(ref.S * s - lse).masked_fill(hidden, 0.0)},
+                "p_hidden_neg_inf": {"P": torch.exp(ref.S - lse).masked_fill(hidden, float("-inf"))},
                 "lse_divided": {"P": torch.exp(ref.S) / ref.LSE[..., None]},
                 "lse_added": {"P": torch.exp(ref.S + lse)},
                 "scale_on_difference": {"P": torch.exp((raw - lse) * case.scale_value).masked_fill(hidden, 0.0)},
@@ -181,6 +183,11 @@ def _check_language(kernel_language: str) -> str:
     return kernel_language
 
 
+def _handed(x, **outputs) -> dict:
+    """The tensors a kernel launcher is handed, by the names the lessons give them."""
+    return {"Q": x.q, "K": x.k, "V": x.v, "dO": x.do, "LSE": x.lse, "delta": x.delta, **outputs}
+
+
 def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
               cases: Optional[Sequence[Case]] = None, seed: int = 0,
               raise_on_fail: bool = True, show: bool = True,
@@ -201,7 +208,7 @@ def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
         out = Output(x.q.shape, x.q.dtype, x.q.device)
         record: list = []
         n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, out.tensor, case.causal,
-                     case.scale_value, record=record)
+                     case.scale_value, record=record, names=_handed(x, dQ=out.tensor))
         return ({"dQ": out.tensor.clone()}, {"dQ": x.ref.dQ},
                 {"guard_touched": {"dQ": out.guard_touched()}, "launches": n, "launch_args": record})
 
@@ -229,7 +236,8 @@ def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fals
         dv = Output(x.v.shape, x.v.dtype, x.v.device)
         record: list = []
         n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, dk.tensor, dv.tensor,
-                     case.causal, case.scale_value, record=record)
+                     case.causal, case.scale_value, record=record,
+                     names=_handed(x, dK=dk.tensor, dV=dv.tensor))
         return ({"dK": dk.tensor.clone(), "dV": dv.tensor.clone()}, {"dK": x.ref.dK, "dV": x.ref.dV},
                 {"guard_touched": {"dK": dk.guard_touched(), "dV": dv.guard_touched()}, "launches": n,
                  "launch_args": record})

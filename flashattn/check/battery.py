@@ -33,7 +33,8 @@ class Case:
     dO (``"stride0"``: one number expanded to the full shape, like the dO autograd hands over
     after ``out.sum()``; ``"sum"``, for the autograd checker only: call ``out.sum()``).
     ``stats_padded``: LSE and delta with a NaN gap after each head's rows ("lse" or "delta":
-    that one only, so that their strides differ).
+    that one only, so that their strides differ; "strided": every other element, a last-axis
+    stride of 2).
     ``repeat``: run twice and compare the bits (catches run-to-run differences).
     ``block_n``: for the online-softmax checker, the key block size handed to the function.
     ``requires``: for the autograd checker, which of q, k, v require grad.
@@ -50,7 +51,7 @@ class Case:
     do_layout: str = "contiguous"
     scale: Optional[float] = None
     H_kv: Optional[int] = None
-    stats_padded: object = False           # True, False, "lse" or "delta"
+    stats_padded: object = False           # True, False, "lse", "delta" or "strided"
     repeat: bool = False
     block_n: Optional[int] = None
     requires: str = "qkv"
@@ -140,6 +141,8 @@ BATTERY: tuple[Case, ...] = (
 #: (offs_d < HEAD_DIM) reach past each row -- into the next row, or the guard after the last.
 KERNEL_BATTERY: tuple[Case, ...] = BATTERY + (
     _c("head dim 24 (BLOCK_D 32)", 1, 2, 64, 64, 24, False),
+    # a kernel that steps LSE and delta by 1 instead of their own stride reads the gaps
+    _c("LSE and delta strided", 1, 2, 24, 24, 16, False, stats_padded="strided"),
 )
 
 #: The PyTorch backward exercise (01) in the dtype it asks for: every case but the fp16 one.
@@ -265,15 +268,16 @@ def make_input(shape, layout, dtype, device, gen: torch.Generator, guard: float 
     return view(buf.to(device)[:n].view(alloc))
 
 
-def make_stats(values: torch.Tensor, padded: bool, guard: float = math.nan) -> torch.Tensor:
+def make_stats(values: torch.Tensor, padded: bool, guard: float = math.nan, step: int = 1) -> torch.Tensor:
     """LSE or delta ``[B, H, S_q]`` inside a buffer whose tail (and, if ``padded``, a gap after
-    each head's rows) holds ``guard``."""
+    each head's rows) holds ``guard``; ``step``: every step-th element (a last-axis stride of
+    ``step``, guard in between)."""
     B, H, S = values.shape
-    rows = S + PAD_ROWS if padded else S
+    rows = (S + PAD_ROWS if padded else S) * step
     n = B * H * rows
     buf = torch.empty(n + _guard_len(n), dtype=values.dtype, device=values.device)
     buf[:] = _guard_value(values.dtype).to(values.device) if math.isnan(guard) else guard
-    out = buf[:n].view(B, H, rows)[:, :, :S]
+    out = buf[:n].view(B, H, rows)[:, :, :S * step:step]
     out.copy_(values)
     return out
 
@@ -327,6 +331,8 @@ def make_inputs(case: Case, dtype, device, seed: int, with_do: bool = True,
             do = torch.ones_like(q)      # what out.sum().backward() sends
     ref = attention_reference(q, k, v, do, causal=case.causal, scale=case.scale_value)
     stats = runtime.stats_dtype(dtype)
-    lse = make_stats(ref.LSE.to(stats), case.stats_padded in (True, "lse"), g("lse"))
-    delta = None if do is None else make_stats(ref.delta.to(stats), case.stats_padded in (True, "delta"), g("delta"))
+    step = 2 if case.stats_padded == "strided" else 1
+    lse = make_stats(ref.LSE.to(stats), case.stats_padded in (True, "lse"), g("lse"), step)
+    delta = None if do is None else make_stats(ref.delta.to(stats), case.stats_padded in (True, "delta"),
+                                               g("delta"), step)
     return Inputs(q, k, v, do, ref, lse, delta, ref.O.to(dtype), dict(guards))

@@ -70,7 +70,37 @@ def window_slips(S_q: int, S_k: int, window) -> dict:
     for off in (-1, 1):          # > for >=, < for <=, or an edge computed one further out
         slips[f"window_left_off:{off}"] = visible(S_q, S_k, window, left_off=off)
         slips[f"window_right_off:{off}"] = visible(S_q, S_k, window, right_off=off)
+    slips.update(_edge_slips(i, j, *window))
     return {n: m for n, m in slips.items() if not torch.equal(m, right_mask)}
+
+
+def _edge_slips(i, j, left: int, right: int) -> dict:
+    """One edge written wrong: with the other side's width (copy-paste), with a sign slip, the
+    two edges joined with |= (or), a side tested by truthiness (``if left:`` -- 0 read as no
+    limit, -1 as a limit); or a mask that starts empty (all False), which &= never fills."""
+    everything = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool)
+    left_ok = (j >= i - left) if left >= 0 else everything
+    right_ok = (j <= i + right) if right >= 0 else everything
+    out = {}
+    if right >= 0:
+        out["window_other_side:right"] = left_ok & (j <= i + left)
+        out["window_edge_sign:right"] = left_ok & (j <= i - right)
+        out["window_edge_sign:right_reversed"] = left_ok & (j <= right - i)
+    if left >= 0:
+        out["window_other_side:left"] = (j >= i - right) & right_ok
+        out["window_edge_sign:left"] = (j >= i + left) & right_ok
+        out["window_edge_sign:left_reversed"] = (j >= left - i) & right_ok
+    if right >= 0:               # seen |= (right edge): the right edge hides nothing
+        out["window_or:right"] = left_ok | (j <= i + right) if left >= 0 else everything
+    if left >= 0:                # seen |= (left edge) on a mask of ones: only the right edge is left
+        out["window_or:left"] = right_ok
+    truthy_left = (j >= i - left) if left != 0 else everything
+    truthy_right = (j <= i + right) if right != 0 else everything
+    out["window_empty"] = torch.zeros_like(everything)     # torch.zeros to start, then &=: nothing is ever seen
+    out["window_truthiness:left"] = truthy_left & right_ok
+    out["window_truthiness:right"] = left_ok & truthy_right
+    out["window_truthiness:both"] = truthy_left & truthy_right
+    return out
 
 
 @dataclass(frozen=True)
@@ -170,16 +200,18 @@ def _spans(lens):
     return [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
 
 
-def _keep(x, b, S_q, S_k, first_seq_head=None) -> torch.Tensor:
-    """Sequence b's dropout mask [H, S_q, S_k] as the forward drew it (or with another head number)."""
+def _keep(x, b, S_q, S_k, first_seq_head=None, p=None) -> torch.Tensor:
+    """Sequence b's dropout mask [H, S_q, S_k] as the forward drew it (or with another head
+    number, or drawn with another probability ``p``)."""
     from ..beyond.kernels import dropout_mask
 
     H = x.q.shape[1]
     first = b * H if first_seq_head is None else first_seq_head
-    key = (S_q, S_k, first)
+    p = x.p if p is None else p
+    key = (S_q, S_k, first, p)
     if key not in x.masks:
-        x.masks[key] = dropout_mask(x.seed, H, S_q, S_k, x.p, x.device, first_seq_head=first).cpu() \
-            if x.p > 0 else torch.ones(H, S_q, S_k, dtype=torch.bool)
+        x.masks[key] = dropout_mask(x.seed, H, S_q, S_k, p, x.device, first_seq_head=first).cpu() \
+            if p > 0 else torch.ones(H, S_q, S_k, dtype=torch.bool)
     return x.masks[key]
 
 
@@ -220,14 +252,18 @@ def _heads_first(t):
 
 
 def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
-                 scale=None, sliced_mask=False, reshape_heads=False) -> dict:
+                 scale=None, sliced_mask=False, reshape_heads=False, short: str = "", mask_p=None,
+                 masks_swapped=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
     mask), ``whole`` (the packed batch taken as one sequence), ``global_positions`` (the window
     compares positions in the packed tensor), ``sliced_mask`` (each sequence's mask cut out of
     one mask drawn for the whole packed batch), ``reshape_heads`` ([S, H, D] <-> [H, S, D] by
-    reshape, which reorders the elements, where a transpose belongs)."""
+    reshape, which reorders the elements, where a transpose belongs), ``short`` ("q" or "k": that
+    side's slices end one row early, cu_seqlens[b + 1] - 1), ``mask_p`` (the dropout mask drawn
+    with this probability), ``masks_swapped`` (the window's mask and the dropout mask handed to
+    the per-sequence backward in each other's place)."""
     case = x.case
     H = x.q.shape[1]
     heads = (lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])) if reshape_heads else _heads_first
@@ -235,6 +271,9 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
         spans_q, spans_k = [slice(0, sum(case.lens_q))], [slice(0, sum(case.lens_k))]
     else:
         spans_q, spans_k = _spans(case.lens_q), _spans(case.lens_k)
+    if short:
+        cut = lambda spans: [slice(s.start, s.stop - 1) for s in spans]  # noqa: E731
+        spans_q, spans_k = (cut(spans_q), spans_k) if short == "q" else (spans_q, cut(spans_k))
     dq, dk, dv = torch.zeros_like(x.q), torch.zeros_like(x.k), torch.zeros_like(x.v)
     for b, (qs, ks) in enumerate(zip(spans_q, spans_k)):
         S_q, S_k = qs.stop - qs.start, ks.stop - ks.start
@@ -247,7 +286,9 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
         if sliced_mask:
             keep = _keep(x, 0, sum(case.lens_q), sum(case.lens_k), 0)[:, qs, ks]
         else:
-            keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None)
+            keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None, mask_p)
+        if masks_swapped:
+            seen, keep = keep, seen.expand(H, S_q, S_k)
         g = sequence_grads(*(heads(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
                            x.lse[qs].T, keep, x.p, seen, x.scale if scale is None else scale, slip)
         dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)
@@ -308,6 +349,10 @@ def _variants(case: BeyondCase, x) -> dict:
             found["mask_sliced_from_whole"] = packed_grads(x, sliced_mask=True)
     for name in window_slips(case.S_q, case.S_k, case.window):
         found[name] = packed_grads(x, window_slip=name)
+    found["keep_probability"] = packed_grads(x, mask_p=1.0 - case.dropout_p)   # at p = 0: nothing survives
+    found["masks_swapped"] = packed_grads(x, masks_swapped=True)
+    found["slice_short:q"] = packed_grads(x, short="q")
+    found["slice_short:k"] = packed_grads(x, short="k")
     found["unscaled_scores"] = packed_grads(x, "unscaled_scores")
     if case.scale is not None:
         found["scale_ignored"] = packed_grads(x, scale=case.D ** -0.5)

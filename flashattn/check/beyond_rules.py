@@ -51,6 +51,19 @@ _slip_rule("window_abs_distance", "one side of the window is written as a distan
            WINDOW_IDEA + " Each side bounds one direction only: left the keys before the query "
            "(j >= i - left), right those after it (j <= i + right). |i - j| <= left also cuts the keys "
            "after the query at i + left.")
+_slip_rule("window_other_side", "one edge of the window uses the other side's width",
+           WINDOW_IDEA + " The left edge uses left (j >= i - left), the right edge right (j <= i + right): "
+           "yours bounds one side with the other side's number (a copied line not fully changed?).")
+_slip_rule("window_edge_sign", "a sign slip in one edge of the window",
+           WINDOW_IDEA + " Keys before the query: j >= i - left; keys after it: j <= i + right. Yours has "
+           "the wrong sign or the operands the other way round (left - i, i + left, i - right).")
+_slip_rule("window_truthiness", "a side of the window is tested by truthiness (if left:)",
+           WINDOW_IDEA + " `if left:` is False for 0 -- a real bound, no key before the query -- and True "
+           "for -1, which means no limit. Test the sentinel itself: if left >= 0 (or != -1).")
+_slip_rule("window_empty", "the mask is False everywhere: it starts empty",
+           WINDOW_IDEA + " Start from a mask where every key is seen (torch.ones(..., dtype=torch.bool)) "
+           "and take keys away with &= for each limited side; a mask that starts all False stays all False.",
+           kinds=("window",))
 _slip_rule("window_bottom_right", "the window is aligned bottom-right",
            WINDOW_IDEA + " With S_q != S_k the course aligns query i with key i (top-left, as its causal "
            "mask); yours shifts the queries by S_k - S_q.")
@@ -70,6 +83,12 @@ _slip_rule("softmax_then_mask", "P is a softmax over every key, masked afterward
 _slip_rule("no_visible", "P is rebuilt from the LSE without the window's mask",
            "exp(S - LSE) is positive everywhere: the keys the window hides must be set to P = 0 "
            "(masked_fill or where) before P enters dV, dP and dS.", kinds=("beyond",))
+
+# after no_visible: with both sides limited, | lets every key through -- in the packed backward the
+# same outputs as no window mask at all, which is the likelier slip there
+_slip_rule("window_or", "the window's two edges are joined with | (or): a key must pass both",
+           WINDOW_IDEA + " A key is seen when it is within the left edge *and* within the right edge: "
+           "combine the conditions with & (&=). With | every key passes one of them.")
 
 # --------------------------------------------------------------------------------------
 # dropout
@@ -96,6 +115,15 @@ _slip_rule("rescale_twice", "the 1 / (1 - p) rescale is applied twice", _DROPOUT
 _slip_rule("keep_inverted", "the dropout mask is inverted: the dropped elements are kept",
            "Z is True where the element *survives* (dropout_mask returns the keep-mask): multiply by Z, "
            "not by ~Z or 1 - Z.", kinds=("beyond",))
+_slip_rule("keep_probability", "the dropout mask is drawn with the keep probability 1 - p",
+           "dropout_mask(seed, H, S_q, S_k, p, ...) takes the *drop* probability p, the dropout_p the "
+           "forward used: it returns Z, True where an element survives (with probability 1 - p). Hand it "
+           "1 - p and it draws another mask.", kinds=("beyond",))
+_slip_rule("masks_swapped", "the window's mask and the dropout mask are passed in each other's place",
+           "sequence_backward(..., keep, dropout_p, seen, scale): keep is the dropout mask Z [H, S_q, S_k], "
+           "seen the window's [S_q, S_k]. Both are bool and broadcast against each other, so swapped they "
+           "run -- and the window hides what dropout dropped. Compare the call with the signature.",
+           kinds=("beyond",))
 _slip_rule("mask_same_for_all", "every sequence uses sequence 0's dropout mask",
            "Sequence b's heads were numbered b * H ... b * H + H - 1 when the forward drew their "
            "masks: draw each sequence's Z with first_seq_head=b * H.", kinds=("beyond",))
@@ -165,6 +193,12 @@ _slip_rule("global_positions", "the window compares positions in the packed tens
            "Positions restart at 0 in each sequence: build each sequence's mask from its own lengths "
            "(S_q, S_k), so query i and key j are counted from cu_seqlens_q[b] and cu_seqlens_k[b].",
            kinds=("beyond",))
+
+
+_slip_rule("slice_short", "each sequence's slice ends one row early",
+           "Sequence b is rows cu_seqlens[b] : cu_seqlens[b + 1] -- a Python slice already stops before "
+           "its end, so no - 1: cu_seqlens[b + 1] is the first row of the *next* sequence. One short, the "
+           "last row of every sequence is never computed.", kinds=("beyond",))
 
 
 @rule("last_sequence", "the last sequence is wrong in every failing case, the others right",

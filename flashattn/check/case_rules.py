@@ -102,8 +102,9 @@ def _default_scale(ctx):
         return None
     if "O" in ctx.names and ctx.wrong_in("O"):      # an autograd.Function: the forward already
         return evidence, ("Only the case with a custom scale fails, and O with it: the *forward* ran "
-                          "with the default 1/sqrt(D). Pass `scale` on to the forward kernel's call "
-                          "(and save the same value for the backward).")
+                          "with the default 1/sqrt(D). The default belongs only where no scale was "
+                          "given (if scale is None: scale = 1/sqrt(D)); then pass that `scale` on to the "
+                          "forward kernel's call and save the same value for the backward.")
     return evidence
 
 

@@ -10,8 +10,10 @@ it launches and the autograd classes it calls (:func:`flashattn.check.origin.lea
 """
 from __future__ import annotations
 
+import ast
 import inspect
 import re
+import textwrap
 
 from .diagnose import rule
 from .origin import _unwrap
@@ -149,6 +151,200 @@ def _scores_orientation(ctx):
             line, built, wanted, lse = found
             return (f"`{line}` builds {built}, but the kernel reads the LSE as {lse}, which belongs to "
                     f"{wanted}; {ctx.tensor_pattern()}")
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# an offset vector multiplied by the stride of the other axis
+# --------------------------------------------------------------------------------------
+_OFFSET_TIMES_STRIDE = re.compile(r"\b(\w+)\s*\[[^\]]*\]\s*\*\s*(stride\w*)")
+
+
+def _axis(name: str, kind: str):
+    """'row' or 'dim' for an offset (kind 'offset') or stride (kind 'stride') name in the lessons'
+    dialect (offs_m, offs_n, offs_d; stride_q_s, stride_q_d), None where the name does not say."""
+    n = name.lower()
+    if kind == "offset":
+        if re.search(r"(^|_)(d|dim|head_dim)$|^d_?offs", n):
+            return "dim"
+        return "row" if re.search(r"(^|_)(m|n|q|k|s|rows?|cols?|seq)$", n) else None
+    if re.search(r"_(d|dim)$", n):
+        return "dim"
+    return "row" if re.search(r"_(s|seq|m|n|row|tok)$", n) else None
+
+
+def _stride_axis_slips(src: str) -> list:
+    """[line] where a row offset is multiplied by a head-dim stride or the reverse."""
+    out = []
+    for line in src.splitlines():
+        code = line.split("#")[0]
+        for m in _OFFSET_TIMES_STRIDE.finditer(code):
+            offset, stride = _axis(m.group(1), "offset"), _axis(m.group(2), "stride")
+            if offset and stride and offset != stride and code.strip() not in out:
+                out.append(code.strip())
+    return out
+
+
+@rule("stride_axes", "an offset is multiplied by the stride of the other axis",
+      "A tile's address is base + rows * (the sequence stride) + columns * (the head-dim stride): "
+      "offs_m or offs_n (positions) go with stride_x_s, offs_d (head-dim entries) with stride_x_d. "
+      "Swapped, a contiguous tensor is read across its rows instead of along them -- and where the "
+      "strides happen to agree nothing shows.", kinds=("dq", "dkdv"))
+def _stride_axes(ctx):
+    for src in ctx.sources:
+        lines = _stride_axis_slips(src)
+        if lines:
+            shown = "; ".join(f"`{line}`" for line in lines[:2])
+            return f"{shown} pairs a row offset with a head-dim stride (or the reverse); {ctx.tensor_pattern()}"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# an address built with another tensor's stride, or another tensor's head
+# --------------------------------------------------------------------------------------
+_BASE = re.compile(r"^\s*(\w+?)_base\s*=\s*(\w+)\s*\+")
+_LOAD = re.compile(r"tl\.(?:load|store)\(\s*(\w+?)(?:_base|_ptrs?)?\s*\+")
+_TERM = re.compile(r"(\w+)(?:\.to\(\s*tl\.int64\s*\))?\s*\*\s*stride_([a-z]+)_([bhsd])\b")
+_QUERY_SIDE = {"q", "do", "lse", "delta", "dq", "o"}
+_KV_SIDE = {"k", "v", "dk", "dv"}
+
+
+def _address_slips(src: str) -> list:
+    """[(line, what is wrong)]: a tensor's address with a stride of another tensor (K's head
+    offset with stride_v_h), a head index of the other side under GQA (dQ at h_kv, dK at the
+    query head h, LSE at the group index g), or the other side's positions (LSE at offs_n)."""
+    kv_named = re.search(r"\b\w*kv\w*\s*=", src) is not None      # the kernel names its K/V head
+    out = []
+    for line in src.splitlines():
+        code = line.split("#")[0]
+        m = _BASE.match(code) or _LOAD.search(code)
+        if not m:
+            continue
+        tensor = (m.group(2) if m.re is _BASE else m.group(1)).lower()
+        if tensor not in _QUERY_SIDE | _KV_SIDE:
+            continue
+        if m.re is _LOAD:            # a query-side tile at the key positions, or the reverse
+            bare = re.search(r"\+\s*(offs_[mn])\b(?:\s*\[[^\]]*\])?\s*(?=[,)+]|$)", code)
+            if bare:                 # a position added without the tensor's stride
+                out.append((code.strip(), f"{bare.group(1)} is added without {tensor}'s stride: that "
+                                          f"assumes its positions are adjacent in memory (stride 1)"))
+            offsets = set(re.findall(r"\boffs_([mn])\b", code))
+            if tensor in _QUERY_SIDE and offsets == {"n"}:
+                out.append((code.strip(), f"{tensor} holds a value per query row but is addressed at the key positions offs_n"))
+            elif tensor in _KV_SIDE and offsets == {"m"}:
+                out.append((code.strip(), f"{tensor} holds a value per key but is addressed at the query rows offs_m"))
+        for var, owner, axis in _TERM.findall(code):
+            if owner != tensor and owner in _QUERY_SIDE | _KV_SIDE:
+                out.append((code.strip(), f"{tensor}'s address uses stride_{owner}_{axis}, {owner}'s stride"))
+            elif axis == "h" and tensor in _QUERY_SIDE and ("kv" in var.lower() or var in ("g", "group")):
+                what = "the K/V head" if "kv" in var.lower() else "the index inside the group"
+                out.append((code.strip(), f"{tensor} is a query-side tensor but is addressed at {var}, {what}"))
+            elif axis == "h" and tensor in _KV_SIDE and kv_named and "kv" not in var.lower():
+                out.append((code.strip(), f"{tensor} belongs to the K/V head but is addressed at {var}"))
+    return out
+
+
+@rule("address_terms", "an address is built with another tensor's stride, head or positions",
+      "Each tensor's address uses its own strides (K with stride_k_*, never stride_v_*: the layouts "
+      "may differ), its own head -- Q, dO, LSE, delta and dQ belong to the query head h, K, V, dK "
+      "and dV to the K/V head h_kv = h // GROUP_SIZE -- and its own positions: the query rows offs_m "
+      "for Q, dO, LSE, delta, dQ; the keys offs_n for K, V, dK, dV. Where the two agree (contiguous "
+      "tensors, no GQA, equal lengths) the slip is invisible, so the failing cases are the ones "
+      "where they differ.",
+      kinds=("dq", "dkdv"))
+def _address_terms(ctx):
+    for src in ctx.sources:
+        slips = _address_slips(src)
+        if slips:
+            shown = "; ".join(f"`{line}`: {what}" for line, what in slips[:2])
+            return f"{shown}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# a value computed and thrown away
+# --------------------------------------------------------------------------------------
+#: methods and functions that return a new value and leave their operands alone
+_PURE = {"masked_fill", "where", "maximum", "minimum", "exp", "exp2", "log", "to", "float", "half", "double",
+         "transpose", "trans", "sum", "softmax", "clone", "contiguous", "view", "reshape", "abs", "mul",
+         "add", "sub", "div", "squeeze", "unsqueeze", "expand", "dot", "max", "min", "amax", "mean", "tril",
+         "triu", "logical_and", "logical_or", "logical_not"}
+
+
+def _pure_call(v) -> bool:
+    return isinstance(v, ast.Call) and ((isinstance(v.func, ast.Attribute) and v.func.attr in _PURE) or
+                                        (isinstance(v.func, ast.Name) and v.func.id in _PURE))
+
+
+def _discarded(src: str) -> list:
+    """[line] of statements whose value is computed and dropped: ``visible & (...)`` or
+    ``S.masked_fill(...)`` on a line of its own, never assigned -- or assigned to a name that
+    nothing reads afterwards (``S = S.masked_fill(...)`` after P was already built from S), outside
+    any loop (where the next iteration may read it)."""
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return []
+    lines = textwrap.dedent(src).splitlines()
+    in_loop = {id(n) for loop in ast.walk(tree) if isinstance(loop, (ast.For, ast.While))
+               for n in ast.walk(loop)}
+    loads = [(n.id, n.lineno) for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr):
+            v = node.value
+            if isinstance(v, (ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp)) or _pure_call(v):
+                out.append(lines[node.lineno - 1].split("#")[0].strip())
+        elif isinstance(node, ast.Assign) and id(node) not in in_loop and _pure_call(node.value) and \
+                len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, end = node.targets[0].id, getattr(node, "end_lineno", node.lineno)
+            if not any(n == name and line > end for n, line in loads):
+                out.append(lines[node.lineno - 1].split("#")[0].strip())
+    return out
+
+
+@rule("discarded_value", "a line computes a value that nothing uses",
+      "An expression on a line of its own changes nothing: `mask & cond` or `S.masked_fill(...)` "
+      "return a new value, which must be assigned (mask = mask & cond, S = S.masked_fill(...)) -- "
+      "and used: a tensor masked after what depends on it was computed (P built from S, then S "
+      "masked) leaves that result unmasked. Only the methods ending in _ (masked_fill_, mul_) "
+      "change a tensor in place.")
+def _discarded_value(ctx):
+    for src in ctx.sources:
+        lines = _discarded(src)
+        if lines:
+            return f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# a division by an index that starts at 0
+# --------------------------------------------------------------------------------------
+_ARANGE = re.compile(r"\b(\w+)\s*=\s*torch\.arange\(\s*(?:0\s*,|[^,()]+(?:\([^()]*\))?\s*[,)])")
+
+
+def _zero_divisions(src: str) -> list:
+    """[line] dividing by an index from torch.arange that starts at 0 (``x / i``, ``x / i[:, None]``,
+    not ``x / (i + 1)``)."""
+    out = []
+    for name in dict.fromkeys(m.group(1) for m in _ARANGE.finditer(src)):
+        divide = re.compile(rf"/\s*(?:\(\s*)?{name}\b(?:\[[^\]]*\])?(?!\s*[-+*/\w.(\[])")
+        out += [line.split("#")[0].strip() for line in src.splitlines()
+                if divide.search(line.split("#")[0]) and not line.strip().startswith("#")]
+    return out
+
+
+@rule("divide_by_index", "a division by a position that starts at 0",
+      "torch.arange(L) starts at 0: dividing by it gives inf (or 0 / 0 = NaN) in row 0 and "
+      "divides every other row by one less than meant. The lesson's 1 / (i + 1) counts the keys "
+      "row i sees (0 ... i): divide by i + 1.")
+def _divide_by_index(ctx):
+    if not any(not t.finite for r in ctx.failing for t in r.tensors.values()):
+        return None
+    for src in ctx.sources:
+        lines = _zero_divisions(src)
+        if lines:
+            return f"`{lines[0]}`; {ctx.tensor_pattern()}"
     return None
 
 

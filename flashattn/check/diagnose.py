@@ -63,6 +63,8 @@ def _properties() -> list:
         Property("batch", "the cases with more than one batch element", lambda c: c.B > 1),
         Property("stride_lse_delta", "the case where delta's strides differ from LSE's",
                  lambda c: c.stats_padded in ("lse", "delta")),
+        Property("stats_strided", "the case whose LSE and delta have a last-axis stride of 2",
+                 lambda c: c.stats_padded == "strided"),
         Property("head_dim", "the case whose head dim D is below its padded block (D < BLOCK_D)",
                  lambda c: padded_head_dim(c.D)),
     ]

@@ -19,16 +19,9 @@ def _line_tensors(exc: BaseException) -> dict:
     """name -> tensor, for the tensors named on the line of the learner's code that raised (the
     innermost frame outside this package and the installed libraries), from that frame's
     variables: what the error's sizes belong to, instead of a guess."""
-    from .origin import _in_notebook
+    from .origin import learners_frame
 
-    pkg = Path(__file__).resolve().parent.parent
-    tb, frame = exc.__traceback__, None
-    while tb is not None:
-        path = tb.tb_frame.f_code.co_filename
-        p = Path(path).resolve()
-        if _in_notebook(path) or not (pkg in p.parents or "site-packages" in p.parts or "dist-packages" in p.parts):
-            frame = (tb.tb_frame, tb.tb_lineno)
-        tb = tb.tb_next
+    frame = learners_frame(exc)
     if frame is None:
         return {}
     f, lineno = frame
@@ -39,6 +32,42 @@ def _line_tensors(exc: BaseException) -> dict:
 
 def _shapes(exc: BaseException) -> dict:
     return {n: tuple(t.shape) for n, t in _line_tensors(exc).items()}
+
+
+def _tile_shapes(exc: BaseException) -> dict:
+    """name -> shape of the Triton tiles named on the kernel line that raised (the interpreter
+    runs the kernel as Python, so its frame holds them), e.g. {'q': (32, 16), 'k': (32, 16)}."""
+    from .origin import learners_frame
+
+    found = learners_frame(exc)
+    if found is None:
+        return {}
+    f, lineno = found
+    line = linecache.getline(f.f_code.co_filename, lineno)
+    out = {}
+    for n in dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line)):
+        value = f.f_locals.get(n)
+        shape = getattr(value, "shape", None)     # a tuple of constexpr (Triton's own tuple type)
+        if value is None or isinstance(value, torch.Tensor) or not shape:
+            continue
+        try:
+            out[n] = tuple(int(getattr(d, "value", d)) for d in shape)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _dot_idea(r) -> Optional[str]:
+    """tl.dot with inner dimensions that differ: which operand needs tl.trans."""
+    if not re.search(r"equal reduction dimensions|not compatible for matmul", str(r.error)):
+        return None
+    tiles = "; ".join(f"{n} {list(sh)}" for n, sh in _tile_shapes(r.error).items())
+    return ("A tl.dot's inner dimensions differ: tl.dot(a, b) multiplies a [M, K] by b [K, N]"
+            + (f" (on the line shown: {tiles})" if tiles else "") + ". Every tile is loaded a row per "
+            "position -- q, do [BLOCK_M, BLOCK_D]; k, v [BLOCK_N, BLOCK_D] -- so S = Q K^T is "
+            "tl.dot(q, tl.trans(k)) and dP = dO V^T is tl.dot(do, tl.trans(v)), while dQ += dS K is "
+            "tl.dot(ds, k). Where two block sizes happen to be equal the missing transpose runs and is "
+            "silently wrong.")
 
 
 def _bool_names(exc: BaseException) -> set:
@@ -61,9 +90,48 @@ def _row_vector_on_keys(shapes: dict, sizes: set, line: str) -> Optional[tuple]:
     return None
 
 
-def _specific_idea(r):
+def _forward_inputs(sources: list) -> list:
+    """The names of an autograd.Function's forward inputs, after ctx, from the learner's source."""
+    for text in sources:
+        m = re.search(r"def\s+forward\s*\(\s*ctx\s*,([^)]*)\)", text)
+        if m:
+            return [a.split(":")[0].split("=")[0].strip().lstrip("*") for a in m.group(1).split(",") if a.strip()]
+    return []
+
+
+def _autograd_idea(r, sources: list) -> Optional[str]:
+    """autograd.Function plumbing: an attribute backward reads that forward never set on ctx, a
+    gradient returned for a non-tensor input."""
+    message = str(r.error)
+    m = re.search(r"'(\w+)Backward' object has no attribute '(\w+)'", message)
+    if m:
+        name = m.group(2)
+        stored = any(re.search(rf"ctx\.{name}\s*=|ctx\.\w+\s*,\s*ctx\.{name}\b.*=", t) for t in sources)
+        said = ("which was not set when backward ran (assigned on another object, or in a branch "
+                "that did not run?)") if stored else "but your forward never assigns it"
+        return (f"backward reads ctx.{name}, {said}. ctx is the only thing the "
+                f"two share: forward puts every non-tensor it needs on it as an attribute (ctx.{name} = "
+                f"{name}) and the tensors through ctx.save_for_backward(...).")
+    m = re.search(r"returned a gradient different than None at position (\d+)", message)
+    if m:
+        pos = int(m.group(1))
+        names = _forward_inputs(sources)
+        which = f" -- forward's input {pos} is {names[pos - 1]}" if 0 < pos <= len(names) else ""
+        return (f"backward returned a value at position {pos}{which}, which is not a tensor: there is no "
+                f"gradient to give it. backward returns one value per forward input, in order, and None for "
+                f"each non-tensor one (causal, scale): return dq, dk, dv, None, None.")
+    return None
+
+
+def _specific_idea(r, sources: list = ()):
     """An idea from the error's own numbers and line, where they pin the mistake."""
     message, line, c = str(r.error), r.error_where or "", r.case
+    plumbing = _autograd_idea(r, list(sources))
+    if plumbing:
+        return plumbing
+    dot = _dot_idea(r)
+    if dot:
+        return dot
     if re.search(r"\w\.T\b", line):
         return (".T reverses *every* dimension of a tensor: on [B, H, S, D] it gives [D, S, H, B]. "
                 "Transpose the last two only: .transpose(-1, -2) (or .mT).")
@@ -95,7 +163,11 @@ def _specific_idea(r):
                 f"is lined up from the right, with its last dimension against the keys: a value per query row "
                 f"(delta, the LSE) subtracted from every key of its row must be a column, [..., S_q, 1] "
                 f"(keepdim=True, or [..., None]). Where a row vector happens to broadcast, it is silently wrong.")
-    S_q, S_k = getattr(c, "S_q", None), getattr(c, "S_k", None)
+    S_q, S_k, D = getattr(c, "S_q", None), getattr(c, "S_k", None), getattr(c, "D", None)
+    if D in sizes and D not in (S_q, S_k) and "mask" in line:
+        return (f"The mask is sized by the head dimension D = {D}: a length was read from the wrong "
+                f"axis. The sequence lengths are S_q = q.shape[-2] and S_k = k.shape[-2] (or the scores' "
+                f"S.shape[-2], S.shape[-1]); shape[-1] of q or k is D.")
     if sizes == {S_q, S_k} and S_q != S_k:
         rows = m.group(3) == "2"                   # the query axis of [B, H, S_q, S_k]
         masks = {n: sh for n, sh in shapes.items() if n in _bool_names(r.error) and len(sh) == 2}
@@ -137,6 +209,27 @@ def _packed_layout_idea(shapes: dict, sizes: set) -> Optional[str]:
     return None
 
 
+def _made_by(exc: BaseException, names) -> dict:
+    """name -> the line of the learner's function that last assigned it before the line that
+    raised (where a wrong shape was made, often a line or two above where it is used)."""
+    from .origin import learners_frame
+
+    found = learners_frame(exc)
+    if found is None:
+        return {}
+    f, lineno = found
+    path, first = f.f_code.co_filename, f.f_code.co_firstlineno
+    out = {}
+    for name in names:
+        target = re.compile(rf"^\s*(?:[\w\s,\[\]]*,\s*)?{re.escape(name)}\s*(?:,[\w\s,\[\]]*)?=(?!=)")
+        for n in range(lineno - 1, first - 1, -1):
+            line = linecache.getline(path, n)
+            if target.match(line):
+                out[name] = line.split("#")[0].strip()
+                break
+    return out
+
+
 def _sizes_idea(r) -> Optional[str]:
     """For a broadcast error that no idea above explains: the sizes, the operands' shapes and
     the line, with no story about which mistake it is."""
@@ -145,7 +238,8 @@ def _sizes_idea(r) -> Optional[str]:
         return None
     shapes = _shapes(r.error)
     dim = f" at dimension {m.group(3)}" if m.group(3) else ""
-    known = "; ".join(f"{n} {list(sh)}" for n, sh in shapes.items())
+    made = _made_by(r.error, shapes)
+    known = "; ".join(f"{n} {list(sh)}" + (f" from `{made[n]}`" if n in made else "") for n, sh in shapes.items())
     return (f"Two operands' shapes do not line up: sizes {m.group(1)} and {m.group(2)} met{dim} on the line "
             f"shown{f' (its tensors: {known})' if known else ''}. Write down the shape of every operand on "
             f"that line -- after each indexing, transpose and sum -- and which dimension should meet which.")
@@ -170,6 +264,10 @@ _EXCEPTION_IDEAS = [
     (r"view size is not compatible|\.view",
      ".view needs memory laid out for it: on a non-contiguous tensor use .reshape, or avoid "
      "reshaping at all."),
+    (r"referenced before assignment|cannot access local variable|is not defined",
+     "A name is used on a path where it was never assigned: it is set inside an `if` (or a loop) "
+     "that did not run in the cases that raised -- they say which branch was skipped (a frozen "
+     "input: ctx.needs_input_grad False). Compute what every branch needs before the branches."),
     (r"incorrect number of gradients",
      "backward returns one value per input of forward, in order, None for the non-tensor ones."),
     (r"must be a bool|must be a float|must be a torch.Tensor",
@@ -208,10 +306,11 @@ def substitution_story(results: list) -> Optional[tuple]:
     return evidence, idea
 
 
-def exception_idea(raised: list, sep) -> Optional[str]:
+def exception_idea(raised: list, sep, sources: list = ()) -> Optional[str]:
     """The idea for the exceptions in ``raised`` (case results); ``sep``: the property that sets
-    the raising cases apart, as :func:`flashattn.check.diagnose.separating` gives it."""
-    idea = next((i for i in map(_specific_idea, raised) if i), None)
+    the raising cases apart, as :func:`flashattn.check.diagnose.separating` gives it;
+    ``sources``: the learner's source texts."""
+    idea = next((i for i in (_specific_idea(r, sources) for r in raised) if i), None)
     if idea:
         return idea
     if sep and sep[1] and sep[0].id == "multi_block":

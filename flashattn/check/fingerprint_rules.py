@@ -93,6 +93,13 @@ _fp("mask_after_softmax", "the causal mask is applied after the softmax",
 _fp("mask_strict", "the causal mask hides the diagonal: j < i where j <= i belongs",
     "A query sees its own key: visible is j <= i. With j < i row 0 sees nothing and every row "
     "loses its diagonal term.", kinds=("dq", "dkdv", "rebuild_p"))
+_fp("mask_shifted", "the causal mask is off by one: query i also sees key i + 1",
+    "Visible keys are j <= i, the diagonal included and nothing beyond: tril(ones) with diagonal=0, "
+    "or hidden = j > i. One more (tril(diagonal=1), j <= i + 1, j < i + 2) lets each query see the "
+    "next key.", kinds=("dq", "dkdv", "rebuild_p", "backward"))
+_fp("p_hidden_neg_inf", "the hidden entries of P are -inf: -inf belongs on S, 0 on P",
+    "A hidden key gets S = -inf *before* the exponential (exp(-inf) = 0), or P = 0 after it. Filling "
+    "P itself with -inf puts -inf into every product that uses it.", kinds=("rebuild_p",))
 _fp("mask_ge", "the causal mask points the wrong way: keys j >= i kept",
     "Visible keys are those at or before the query, j <= i. In a [key, query] tile that reads "
     "key <= query, i.e. offs_n[:, None] <= offs_m[None, :]. (tril and triu: the hidden keys are "
@@ -120,6 +127,42 @@ _fp("diag_tile_skipped", "the loop skips the diagonal tile",
 _fp("scale_divided", "the scores are divided by the scale",
     "scale is already 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies by sqrt(D).",
     kinds=("backward",))
+_fp("softmax_unnormalised", "P is exp(S - max) without the division by the row sum",
+    "A stable softmax subtracts the row's maximum *and* divides by the row's sum: P = exp(S - m) / "
+    "sum_j exp(S_j - m). Without the division the rows do not sum to 1 (torch.softmax does both; or "
+    "rebuild P = exp(S - LSE), where the LSE holds the normaliser already).", kinds=("backward",))
+_fp("scale_twice", "the scores carry the scale twice (scale^2)",
+    "S = Q K^T * scale, once: scaling q and k both, or multiplying a score that already carries "
+    "the scale again (in the exponent, say), gives scale^2, and the LSE -- computed with one scale "
+    "-- no longer normalises it. Follow the scale from the product to the exponential.",
+    kinds=("backward", "rebuild_p", "dq", "dkdv"))
+_fp("dp_scaled", "dP carries the scale",
+    "dP = dO V^T has no scale: the scale enters the scores (S = Q K^T * scale) and so, by the chain "
+    "rule, dQ = dS K * scale and dK = dS^T Q * scale -- once each, after dS. A scale on dP goes "
+    "through dS = P * (dP - delta) unevenly (delta has none) and is not a plain factor.",
+    kinds=("backward", "dq", "dkdv"))
+@rule("causal_bounds_unguarded", "the causal loop bounds are applied without the causal mask",
+      "The shortened loop (dQ: keys only up to the end of the query block; dK/dV: query blocks from the "
+      "key block's diagonal on) is right only under the causal mask. Without it every key sees every "
+      "query: compute the bound inside `if CAUSAL:` and keep the full range otherwise.",
+      kinds=("dq", "dkdv"))
+def _causal_bounds_unguarded(ctx):
+    # with one query block the dQ loop's causal bound reaches the same keys as a loop run to S_q:
+    # at least one failing case must tell the two apart
+    if not any("causal_bounds_unguarded" in r.fingerprints and "key_loop_to_sq" not in r.fingerprints
+               for r in ctx.failing):
+        return None
+    return _fingerprint_test("causal_bounds_unguarded")(ctx)
+_fp("scale_in_loop", "the final factor scale is applied inside the loop",
+    "dQ = (sum over key blocks of dS K) * scale: the factor is applied once, after the loop (or to "
+    "each block's share as it is added). Inside the loop, acc = acc * scale multiplies everything "
+    "accumulated so far again at every iteration: the first blocks carry scale^2, scale^3, ... "
+    "Only one-block rows come out right.", kinds=("dq", "dkdv"))
+_fp("tile_transposed_again", "a tile is transposed once more in a product",
+    "In the dK/dV kernel the tiles are already transposed (pT, dsT are [BLOCK_N, BLOCK_M]): dV += "
+    "tl.dot(pT, do) and dK += tl.dot(dsT, q) as they are. In the dQ kernel ds is [BLOCK_M, BLOCK_N]: "
+    "dQ += tl.dot(ds, k). An extra tl.trans still runs when BLOCK_M == BLOCK_N, and reads each tile "
+    "across its diagonal.", kinds=("dq", "dkdv"))
 _fp("lse_divided", "P = exp(S) / LSE: the LSE is a logarithm",
     "LSE = log(sum exp(S)), so the softmax is exp(S) / exp(LSE) = exp(S - LSE): subtract the LSE "
     "inside the exponential, never divide by it.", kinds=("rebuild_p",))
@@ -277,6 +320,11 @@ _fp("online_block_max", "the new maximum is the block's maximum alone",
 _fp("online_block_short", "each block drops its last key (a slice or range one short)",
     "Block n0 covers keys n0 ... n0 + block_n - 1: the slice is k[..., n0:n0 + block_n, :] (Python's "
     "end is exclusive), the same for V and for the mask's column indices.", kinds=("online_softmax",))
+_fp("online_drop_partial", "the loop visits only full blocks: the last, partial block of keys is dropped",
+    "range(0, S_k, block_n) starts a block at every multiple of block_n below S_k, the last one "
+    "partial; a stop of S_k - block_n + 1 leaves that one out (and every key when S_k < block_n). "
+    "Slicing k[..., n0:n0 + block_n] past the end is safe in PyTorch: it stops at S_k.",
+    kinds=("online_softmax",))
 _fp("online_alpha_on_new", "alpha multiplies the new block instead of the running sums",
     "alpha = exp(m_old - m_new) rescales what was accumulated *before* the maximum changed: "
     "l = l * alpha + rowsum(p), acc = acc * alpha + p V. Applied to the new block instead, the "
@@ -308,6 +356,14 @@ _fp("lazy_dbias_from_dp", "dBias sums dP where dS belongs",
 _fp("lazy_dbias_mean", "dBias averages each diagonal instead of summing it",
     "bias[d] enters every entry of diagonal d, so its gradient is the *sum* of dS over them: "
     ".sum(), not .mean() (a mean divides diagonal d by its L - d entries).", kinds=("lazy",))
+_fp("lazy_gate_inverted", "the ReLU's gate is inverted: dA passes where the ReLU cut it off",
+    "dP = dA * gate with gate = causal & (P + tau/(i+1) > 0): dA reaches P only where the ReLU "
+    "passed its input. masked_fill(gate, 0) zeroes exactly those entries: fill where the gate is "
+    "False (masked_fill(~gate, 0), or multiply by the gate).", kinds=("lazy",))
+_fp("lazy_dbias_shifted", "dBias reads the diagonals one further: d + 1 where d belongs",
+    "bias[d] sits on diagonal d = i - j, for d = 0 ... W: dBias[d] = sum of dS along diagonal d "
+    "(torch.diagonal(dS, offset=-d)), over range(W + 1). A range that starts at 1 shifts every "
+    "entry by one diagonal.", kinds=("lazy",))
 _fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query row's",
     "tau/(i+1) belongs to query row i: divide each *row* of dP by i + 1 (a column vector, "
     "one value per row). A vector of length L broadcasts along the last axis, dividing column j "

@@ -25,6 +25,8 @@ def _matches(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
     nan_a, nan_e = ~torch.isfinite(a), ~torch.isfinite(e)
     if not torch.equal(nan_a, nan_e):
         return False
+    if bool(((a == float("inf")) & (e == float("-inf"))).any() | ((a == float("-inf")) & (e == float("inf"))).any()):
+        return False            # +inf where the mistake gives -inf: another mistake
     a, e = torch.where(nan_a, 0.0, a), torch.where(nan_e, 0.0, e)
     if a.dim() < 3:
         a, e = a.reshape(1, 1, -1), e.reshape(1, 1, -1)
@@ -51,12 +53,13 @@ def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor, dP=None, delta=None, d
     return {n: g.to(x.q.dtype).to(torch.float64) for n, g in grads.items()}
 
 
-def _visited(case: Case, kind: str, block: int, device) -> torch.Tensor:
+def _visited(case: Case, kind: str, block: int, device, causal: Optional[bool] = None) -> torch.Tensor:
     """[S_q, S_k]: the (query, key) pairs a dQ (or dK/dV) kernel with square ``block`` tiles
-    visits -- every pair of the tiles its loop bounds reach, visible or not."""
+    visits -- every pair of the tiles its loop bounds reach, visible or not (``causal``: the
+    loop bounds of that setting, whatever the case's)."""
     i = torch.arange(case.S_q, device=device)[:, None]
     j = torch.arange(case.S_k, device=device)[None, :]
-    if not case.causal:
+    if not (case.causal if causal is None else causal):
         return torch.ones(case.S_q, case.S_k, dtype=torch.bool, device=device)
     if kind == "dq":                       # keys up to the end of the query block
         return j < (i // block + 1) * block
@@ -111,6 +114,14 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
         if case.causal:
             divided = divided.masked_fill(~causal_mask(case.S_q, case.S_k, raw.device), float("-inf"))
         out["scale_divided"] = _grads_from_p(case, x, torch.softmax(divided, dim=-1))
+        # a hand-written "stable softmax": exp(S - rowmax) never divided by the row sum
+        out["softmax_unnormalised"] = _grads_from_p(case, x, torch.exp(ref.S - ref.S.amax(-1, keepdim=True)))
+        twice = ref.S * s                                                # the scale applied twice
+        out["scale_twice"] = _grads_from_p(case, x, torch.softmax(twice, dim=-1))
+    if kind in ("dq", "dkdv"):                                           # scores scaled again before exp
+        out["scale_twice"] = _grads_from_p(case, x, torch.where(torch.isfinite(ref.S), torch.exp(ref.S * s - lse), 0.0))
+    if kind in ("backward", "dq", "dkdv"):                               # dP = dO V^T * scale
+        out["dp_scaled"] = _grads_from_p(case, x, ref.P, dP=ref.dP * s)
     if kind in ("dkdv", "dq"):
         visible = torch.isfinite(ref.S)
         for block in BLOCKS:
@@ -127,14 +138,46 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
             if a < b and refs[a].shape == refs[b].shape:
                 out[f"swapped:{a}{b}"] = {a: refs[b], b: refs[a]}
     if kind in ("dkdv", "dq"):
+        out.update(_tile_variants(case, x, kind))
         for block in BLOCKS:
             out[f"last_block_{block}"] = _last_block(case, x, kind, block)
+            out[f"scale_in_loop:{block}"] = _scale_in_loop(case, x, kind, block)
             if kind == "dkdv" and case.heads_kv != case.H:   # dk = ... in the loop over the group too
                 out[f"last_block_{block}:last_head"] = _last_block(case, x, kind, block, last_head=True)
     out.update(_slip_variants(case, x, kind))
     out.update(mask_variants(case, x, kind))
     out.update(_argument_variants(case, x, kind))
     out.update(_operand_variants(case, x))
+    return out
+
+
+def _tile_variants(case: Case, x: Inputs, kind: str) -> dict:
+    """Kernel slips tied to the tiles: the causal loop bounds applied without the causal mask
+    (the dQ loop stopped at the query block's end, the dK/dV loop started at the key block's
+    diagonal, in a case that is not causal); a tile transposed once more in the product (dK +=
+    tl.trans(dsT) Q, dV += tl.trans(pT) dO, dQ += tl.trans(ds) K), which runs when the two
+    block sizes agree."""
+    ref = x.ref
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    k_full = repeat_kv(x.k.to(torch.float64), H)
+    dt = lambda t: t.to(x.q.dtype).to(torch.float64)  # noqa: E731
+    out = {}
+    for block in BLOCKS:
+        if not case.causal:
+            bounded = _visited(case, kind, block, ref.S.device, causal=True)
+            out[f"causal_bounds_unguarded:{block}"] = _grads_from_p(case, x, _from_lse(case, x, bounded))
+            if kind == "dq":         # the key loop run to S_q: with one query block, the same keys
+                j = torch.arange(case.S_k, device=ref.S.device)[None, :]
+                to_sq = (j < -(-case.S_q // block) * block).expand(case.S_q, case.S_k)
+                out[f"key_loop_to_sq:{block}"] = _grads_from_p(case, x, _from_lse(case, x, to_sq))
+        dS_t = _tile_transpose_matrix(ref.dS, case, block)
+        if kind == "dkdv":
+            P_t = _tile_transpose_matrix(ref.P, case, block)
+            out[f"tile_transposed_again:{block}dK"] = {"dK": dt(sum_groups(dS_t.transpose(-1, -2) @ q, Hk) * s)}
+            out[f"tile_transposed_again:{block}dV"] = {"dV": dt(sum_groups(P_t.transpose(-1, -2) @ ref.dO, Hk))}
+        else:
+            out[f"tile_transposed_again:{block}dQ"] = {"dQ": dt(dS_t @ k_full * s)}
     return out
 
 
@@ -146,7 +189,7 @@ def _slip_variants(case: Case, x: Inputs, kind: str) -> dict:
     out = {}
     if kind == "autograd":          # the package's own kernels run: only the scale can slip
         for label, value in (("1/D", 1.0 / case.D), ("1", 1.0), ("1/sqrt(S_q)", case.S_q ** -0.5),
-                             ("1/sqrt(S_k)", case.S_k ** -0.5)):
+                             ("1/sqrt(S_k)", case.S_k ** -0.5), ("sqrt(D)", case.D ** 0.5)):
             if abs(value - case.scale_value) <= 1e-9:
                 continue
             r = _reference_at(case, x, value)
@@ -233,6 +276,7 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["no_mask"] = {"P": _from_lse(case, x, torch.ones_like(visible))}
         out["mask_inverted"] = {"P": _from_lse(case, x, ~visible)}
         out["mask_strict"] = {"P": _from_lse(case, x, j < i)}
+        out["mask_shifted"] = {"P": _from_lse(case, x, j <= i + 1)}
         out["mask_zero"] = {"P": torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])}
         out["mask_ge"] = {"P": _from_lse(case, x, j >= i)}
         out["mask_bottom_right"] = {"P": _from_lse(case, x, j <= i + case.S_k - case.S_q)}
@@ -243,6 +287,7 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
                  "mask_after_softmax": torch.softmax(S, dim=-1) * visible,
                  "mask_inverted": torch.softmax(S.masked_fill(visible, float("-inf")), dim=-1),
                  "mask_ge": torch.softmax(S.masked_fill(j < i, float("-inf")), dim=-1),
+                 "mask_shifted": torch.softmax(S.masked_fill(j > i + 1, float("-inf")), dim=-1),
                  # aligned bottom-right (FlashAttention's convention for S_q != S_k): rows that see
                  # no key are NaN, as in the learner's softmax
                  "mask_bottom_right": torch.softmax(S.masked_fill(j > i + case.S_k - case.S_q, float("-inf")), dim=-1)}
@@ -255,6 +300,7 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         out.update(_autograd_mask_variants(case, x, S, visible))
         return out
     out["mask_strict"] = _grads_from_p(case, x, _from_lse(case, x, j < i))
+    out["mask_shifted"] = _grads_from_p(case, x, _from_lse(case, x, j <= i + 1))
     for block in BLOCKS:
         seen = _visited(case, kind, block, dev)
         out[f"no_mask:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen))
@@ -370,6 +416,7 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_not_normalized": _online(case, x, case.scale_value, torch.exp, slip="not_normalized"),
             "online_block_max": _online(case, x, case.scale_value, torch.exp, slip="block_max"),
             "online_block_short": _online(case, x, case.scale_value, torch.exp, slip="block_short"),
+            "online_drop_partial": _online(case, x, case.scale_value, torch.exp, slip="drop_partial"),
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -383,7 +430,8 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
     m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=torch.float64, device=q.device)
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q)
-    for n0 in range(0, case.S_k, block):
+    # drop_partial: range(0, S_k - block + 1, block) visits the full blocks only
+    for n0 in range(0, case.S_k - block + 1 if slip == "drop_partial" else case.S_k, block):
         end = min(n0 + block - (slip == "block_short"), case.S_k)   # block_short: a slice one key short
         s = q @ k[..., n0:end, :].transpose(-1, -2) * scale
         if case.causal:
@@ -401,8 +449,40 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
         if slip != "max_not_kept":
             m = m_new
     # O returned as the running sum acc, never divided by the normaliser l
-    o = acc.to(x.q.dtype).to(torch.float64) if slip == "not_normalized" else acc / l
+    o = (acc if slip == "not_normalized" else acc / l).to(x.q.dtype).to(torch.float64)   # returned in q.dtype
     return {"O": o, "LSE": (m + torch.log(l))[..., 0]}
+
+
+def _scale_in_loop(case: Case, x: Inputs, kind: str, block: int) -> dict:
+    """The outputs if the final ``acc = acc * scale`` sat inside the loop: every iteration
+    multiplies all that was accumulated so far, so the t-th of T contributions carries
+    scale^(T - t + 1). dQ's loop runs over the key blocks; dK's over the group's heads, then
+    the query blocks (dV has no scale)."""
+    ref = x.ref
+    H, Hk, s = case.H, case.heads_kv, case.scale_value
+    q = x.q.to(torch.float64)
+    k_full = repeat_kv(x.k.to(torch.float64), H)
+    if kind == "dq":
+        dq = torch.zeros_like(ref.dQ)
+        for m0 in range(0, case.S_q, block):
+            rows = slice(m0, m0 + block)
+            end = min(case.S_k, m0 + block) if case.causal else case.S_k
+            for n0 in range(0, end, block):
+                keys = slice(n0, min(n0 + block, end))
+                dq[..., rows, :] = (dq[..., rows, :] + ref.dS[..., rows, keys] @ k_full[..., keys, :]) * s
+        return {"dQ": dq}
+    group = H // Hk
+    dk = torch.zeros_like(ref.dK)
+    for n0 in range(0, case.S_k, block):
+        keys = slice(n0, n0 + block)
+        start = n0 // block * block if case.causal else 0
+        for g in range(group):
+            heads = [h_kv * group + g for h_kv in range(Hk)]       # query head g of every group
+            for m0 in range(start, case.S_q, block):
+                rows = slice(m0, m0 + block)
+                part = ref.dS[:, heads][..., rows, keys].transpose(-1, -2) @ q[:, heads][..., rows, :]
+                dk[..., keys, :] = (dk[..., keys, :] + part) * s
+    return {"dK": dk}
 
 
 def _last_block(case: Case, x: Inputs, kind: str, block: int, last_head: bool = False) -> dict:
@@ -435,8 +515,22 @@ def distinct(outs: dict, expected: Optional[dict], wrong, tol: float) -> bool:
     the end, rounding just over the tolerance -- would 'match' the mistake and name it falsely."""
     if expected is None:
         return True
-    return any(n in outs and n in expected and not _matches(expected[n].detach().to("cpu", torch.float64),
-                                                           outs[n], tol) for n in wrong)
+    return any(n in outs and n in expected and _fails(outs[n], expected[n].detach().to("cpu", torch.float64), tol)
+               for n in wrong)
+
+
+def _fails(mistake: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
+    """Whether the mistake's output would fail the check itself (the checker's own tolerance,
+    not the looser one of a fingerprint match): then it can be told from the right one."""
+    if mistake.shape != expected.shape:
+        return True
+    m, e = mistake.to(torch.float64), expected
+    if not torch.equal(torch.isfinite(m), torch.isfinite(e)):
+        return True
+    m, e = torch.nan_to_num(m, nan=0.0, posinf=0.0, neginf=0.0), torch.nan_to_num(e, nan=0.0, posinf=0.0, neginf=0.0)
+    if m.dim() < 3:
+        m, e = m.reshape(1, 1, -1), e.reshape(1, 1, -1)
+    return float(per_head_relative_error(m, e).max()) > tol
 
 
 def matching(variants: dict, tensors: dict, tol: float, expected: Optional[dict] = None) -> set:
@@ -507,6 +601,10 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_gate_c_column": from_dp(dA * (causal & (P + c[:, None, :] > 0))),
         "lazy_delta_from_da": from_ds(dS_delta_da),
         "lazy_dbias_mean": {"dBias": diagonal_sums(dS, W) / lengths},
+        # dP = dA.masked_fill(gate, 0): the gate the wrong way round
+        "lazy_gate_inverted": from_dp(dA * ~gate),
+        # diagonals 1 ... W + 1 where 0 ... W belong (range(1, W + 2))
+        "lazy_dbias_shifted": {"dBias": diagonal_sums(dS, W + 1)[..., 1:]},
         # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
         "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},
     }

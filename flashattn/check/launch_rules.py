@@ -83,6 +83,44 @@ def _launch_value(ctx):
     return "; ".join(found) + f"; {ctx.tensor_pattern()}"
 
 
+#: the lessons' parameter names (lower case, without "_ptr") -> the handed tensor they stand for
+_TENSOR_PARAMS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta",
+                  "dq": "dQ", "dk": "dK", "dv": "dV"}
+
+
+def _tensor_param(name: str):
+    """The handed tensor a kernel parameter's name says it holds (``Q``, ``q_ptr``, ``LSE``,
+    ``Delta``, ``DK_ptr``), or None for a name the lessons do not use."""
+    bare = re.sub(r"^(p_|ptr_)|(_ptr|_p)$", "", name.lower())
+    return _TENSOR_PARAMS.get(bare)
+
+
+def _wrong_tensors(r) -> list:
+    """[(parameter, the tensor it got, the tensor its name says)] for one case's launches."""
+    out = []
+    for launch in r.launch_args or ():
+        for param, got in (launch.tensors or {}).items():
+            want = _tensor_param(param)
+            if want is not None and got != want and (param, got, want) not in out:
+                out.append((param, got, want))
+    return out
+
+
+@rule("launch_tensor", "a kernel parameter receives another tensor than its name says",
+      "The launch's tensors fill the kernel's pointer parameters in order: compare the call with "
+      "the kernel's signature, position by position. Two tensors in each other's place (LSE and "
+      "delta, K and V, dK and dV) or one passed twice run without an error -- they are all "
+      "pointers -- and the kernel reads or writes the wrong memory.", kinds=KINDS)
+def _launch_tensor(ctx):
+    ran = [r for r in ctx.failing if r.error is None]
+    wrong = {id(r): _wrong_tensors(r) for r in ran}
+    if not ran or not all(wrong[id(r)] for r in ran):
+        return None
+    pairs = wrong[id(ran[0])]
+    said = "; ".join(f"parameter {p} received {got} where {want} belongs" for p, got, want in pairs)
+    return f"{said} (every launch, all {len(ran)} failing cases); {ctx.tensor_pattern()}"
+
+
 _PROGRAM_ID = re.compile(r"(\w+)\s*=\s*tl\.program_id\((?:axis\s*=\s*)?0\)")
 
 

@@ -75,21 +75,64 @@ def learner_sources(fn) -> list:
             found.append(obj)
     out = []
     for obj in found:
-        try:
-            path = Path(inspect.getsourcefile(obj) or "").resolve()
-            if pkg_dir in path.parents:
+        for part in _parts(obj):
+            try:
+                path = Path(inspect.getsourcefile(part) or "").resolve()
+                if pkg_dir in path.parents:
+                    continue
+                text = inspect.getsource(part)
+            except (OSError, TypeError):
                 continue
-            text = inspect.getsource(obj)
-        except (OSError, TypeError):
-            continue
-        if text not in out:
-            out.append(text)
+            if text not in out:
+                out.append(text)
     return out
+
+
+def _parts(obj) -> list:
+    """What to read the source of: a function itself; a class whole -- or, where Python cannot
+    find a class's source (one defined in a notebook cell or a module not in sys.modules), each
+    of its methods, whose code objects still say where they came from."""
+    if not isinstance(obj, type):
+        return [obj]
+    try:
+        inspect.getsource(obj)
+        return [obj]
+    except (OSError, TypeError):
+        return [getattr(m, "__func__", m) for m in vars(obj).values()
+                if inspect.isfunction(getattr(m, "__func__", m))]
 
 
 def _in_notebook(path: str) -> bool:
     return ("ipykernel_" in path or path.startswith("<ipython-input") or
             (path.startswith("<") and path.endswith(">")))
+
+
+def error_frames(exc: BaseException) -> list:
+    """[(frame, lineno)] of an exception's traceback, outermost first -- continued into the
+    error it wraps when Triton's interpreter re-raised it at the launch (InterpreterError): the
+    kernel line that failed is in the wrapped error's traceback, not the launch's."""
+    out, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            out.append((tb.tb_frame, tb.tb_lineno))
+            tb = tb.tb_next
+        exc = exc.__cause__ if type(exc).__name__ == "InterpreterError" else None
+    return out
+
+
+def learners_frame(exc: BaseException):
+    """(frame, lineno) of the innermost frame of the learner's own code (a notebook cell, else a
+    file outside this package and the installed libraries), or None."""
+    pkg = Path(__file__).resolve().parent.parent
+    found = None
+    for frame, lineno in error_frames(exc):
+        path = frame.f_code.co_filename
+        p = Path(path).resolve()
+        if _in_notebook(path) or not (pkg in p.parents or "site-packages" in p.parts or "dist-packages" in p.parts):
+            found = (frame, lineno)
+    return found
 
 
 def _project_root(start: Path) -> Path:

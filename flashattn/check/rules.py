@@ -70,11 +70,11 @@ def _grad_order(ctx):
 _SHAPE = re.compile(r"[\[(](\d+(?:, ?\d+)+)[\])]")
 
 
-@rule("saved_order", "the tensors saved for backward come back in another order",
-      "ctx.saved_tensors returns the tensors in the order they were given to "
-      "ctx.save_for_backward: unpack them in that same order (here a tensor with the LSE's shape "
-      "[B, H, S_q] arrived where O [B, H, S_q, D] was expected, or the reverse).",
-      kinds=("autograd",))
+@rule("saved_order", "O and the LSE trade places on their way to the backward",
+      "A tensor with the LSE's shape [B, H, S_q] arrived where O [B, H, S_q, D] was expected, or the "
+      "reverse. Two places can swap them: the forward's results (o, lse = attention_forward(...), "
+      "in the order it returns them) and ctx.saved_tensors, which come back in the order "
+      "ctx.save_for_backward was given them.", kinds=("autograd",))
 def _saved_order(ctx):
     for r in ctx.results:
         if r.error is None:
@@ -82,7 +82,11 @@ def _saved_order(ctx):
         c = r.case
         shapes = {tuple(int(x) for x in m.split(",")) for m in _SHAPE.findall(str(r.error))}
         if (c.B, c.H, c.S_q) in shapes and (c.B, c.H, c.S_q, c.D) in shapes:
-            return f"case '{c.name}': {type(r.error).__name__}: {str(r.error)[:200]}"
+            unpacked = [line.split("#")[0].strip() for src in ctx.sources for line in src.splitlines()
+                        if re.search(r"\blse\s*,\s*o\s*=\s*.*attention_forward\(", line)]
+            where = f"; `{unpacked[0]}` takes the forward's results in the other order (it returns o, lse)" \
+                if unpacked else ""
+            return f"case '{c.name}': {type(r.error).__name__}: {str(r.error)[:200]}{where}"
     return None
 
 
@@ -136,6 +140,10 @@ def _shape(ctx):
             return message, (f"{m.group(1)} is one {'short' if d < 0 else 'too long'} in dimension {i} "
                              f"({got[i]} where {want[i]} belongs): a range or slice one off -- Python's "
                              f"range(n) and [a:b] leave out their end (n, b); W + 1 diagonals are range(W + 1).")
+        if len(got) < len(want) and got == [w for w in want if w != 1][:len(got)] and 1 in want:
+            return message, (f"{m.group(1)} lost its size-1 dimension(s): {tuple(want)} became {tuple(got)}. "
+                             f"squeeze() without a dimension drops *every* axis of size 1 -- B, H or S_q of 1 "
+                             f"too; squeeze(-1) (or [..., 0]) drops the one you mean.")
     return message
 
 
@@ -163,7 +171,7 @@ def _exception(ctx):
                 "The scores are transposed: S = K Q^T is [S_k, S_q]. S = Q K^T * scale is [S_q, S_k], "
                 "a row per query, as the LSE and the mask expect. Where S_q = S_k the transposed scores "
                 "run (and are wrong); elsewhere they raise.")
-    idea = exception_idea(raised, sep)
+    idea = exception_idea(raised, sep, ctx.sources)
     return (evidence, idea) if idea else evidence
 
 

@@ -33,13 +33,16 @@ from .results import CaseResult, CheckFailed, CheckResult, Unwritten, compare
 # --------------------------------------------------------------------------------------
 @dataclass
 class Launch:
-    """One Triton launch as the kernel saw it: its scalar arguments by parameter name (tensors
-    left out) and the grid, so a rule can compare them with what the case needs."""
+    """One Triton launch as the kernel saw it: its scalar arguments by parameter name, the grid,
+    and which of the handed tensors each tensor parameter received, so a rule can compare them
+    with what the case needs."""
 
     kernel: str
     args: dict
     grid: Optional[tuple]
     fn: object = None                 # the kernel's Python function (its source, for the rules)
+    pointers: dict = None             # tensor parameter -> its data_ptr()
+    tensors: dict = None              # tensor parameter -> the name of the handed tensor it got
 
 
 def _record(fn, grid, args, kwargs) -> Optional[Launch]:
@@ -52,6 +55,7 @@ def _record(fn, grid, args, kwargs) -> Optional[Launch]:
         return None
     scalars = {n: v for n, v in bound.arguments.items()
                if isinstance(v, (bool, int, float, np.integer, np.floating))}
+    pointers = {n: v.data_ptr() for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
     if callable(grid):
         try:
             grid = grid(dict(bound.arguments))
@@ -61,7 +65,7 @@ def _record(fn, grid, args, kwargs) -> Optional[Launch]:
         grid = tuple(int(g) for g in grid) if grid is not None else None
     except (TypeError, ValueError):
         grid = None
-    return Launch(getattr(fn, "__name__", "?"), scalars, grid, fn)
+    return Launch(getattr(fn, "__name__", "?"), scalars, grid, fn, pointers)
 
 
 @contextlib.contextmanager
@@ -209,16 +213,24 @@ def watch_guard_reads(inputs: dict):
         cls.create_masked_load = original
 
 
-def launched(launch: Callable, kernel_language: str, *args, record: Optional[list] = None) -> Optional[int]:
+def launched(launch: Callable, kernel_language: str, *args, record: Optional[list] = None,
+             names: Optional[dict] = None) -> Optional[int]:
     """Call ``launch(*args)``; return how many kernels it started (Triton's, or for ``"cuda"``
     CUDA kernels other than PyTorch's own; None where that cannot be counted). Triton launches
-    are appended to ``record`` (a list) when one is given."""
+    are appended to ``record`` (a list) when one is given; ``names`` (name -> handed tensor)
+    then labels each launch's tensor parameters with the handed tensor they received."""
     if kernel_language == "cuda":
         with count_cuda_launches() as count:
             launch(*args)
     else:
         with count_triton_launches(record) as count:
             launch(*args)
+    if record and names:
+        by_pointer = {}
+        for name, t in names.items():          # a tensor and a view of it at the same address: the first
+            by_pointer.setdefault(t.data_ptr(), name)
+        for one in record:
+            one.tensors = {p: by_pointer[ptr] for p, ptr in (one.pointers or {}).items() if ptr in by_pointer}
     return count[0]
 
 
@@ -256,23 +268,21 @@ def _not_implemented(e: BaseException) -> bool:
 
 def where(exc: BaseException) -> str:
     """'a notebook cell, line 12 -> the line': the innermost frame of the learner's own code (a
-    notebook cell, else a file outside this package and the installed libraries)."""
-    from .origin import _in_notebook, shown_path
+    notebook cell, else a file outside this package and the installed libraries) -- inside the
+    kernel when the interpreter wrapped a kernel's error."""
+    import linecache
 
-    frames = traceback.extract_tb(exc.__traceback__)
-    pkg = Path(__file__).resolve().parent.parent
+    from .origin import _in_notebook, learners_frame, shown_path
 
-    def theirs(f) -> bool:
-        p = Path(f.filename).resolve()
-        return not (pkg in p.parents or "site-packages" in p.parts or "dist-packages" in p.parts)
-
-    mine = [f for f in frames if _in_notebook(f.filename)] or [f for f in frames if theirs(f)]
-    if not mine:
+    found = learners_frame(exc)
+    if found is None:
         return ""
-    f = mine[-1]
-    src = f" -> {f.line.strip()}" if f.line else ""
-    place = "a notebook cell" if _in_notebook(f.filename) else shown_path(f.filename)
-    return f"{place}, line {f.lineno}{src}"
+    frame, lineno = found
+    path = frame.f_code.co_filename
+    line = linecache.getline(path, lineno).strip()
+    src = f" -> {line}" if line else ""
+    place = "a notebook cell" if _in_notebook(path) else shown_path(path)
+    return f"{place}, line {lineno}{src}"
 
 
 def _same_bits(a, b) -> bool:

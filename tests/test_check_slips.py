@@ -1,0 +1,160 @@
+"""Diagnoses added for the slips of a blind set of learner mistakes: each proven by an edit of
+a worked solution (exercises 01, 02, 03, 04, 05, 07, 09) that triggers exactly it and says the
+phrase that names the slip, while the unedited solutions trigger none.
+
+The diagnoses and what they read:
+  launch_tensor       the launch's tensors by the kernel's parameter names (LSE received delta)
+  stride_axes         an offset multiplied by the other axis' stride (offs_m * stride_q_d)
+  address_terms       an address with another tensor's stride, head or positions
+  discarded_value     a line whose value is computed and never assigned
+  divide_by_index     x / i with i = torch.arange(...) from 0
+  exception ideas     tl.dot's inner dimensions (the kernel line, the tiles' shapes), a ctx
+                      attribute forward never set, a gradient for a non-tensor input, a name
+                      assigned in a branch that did not run, where a broadcast operand was made
+  fingerprints        softmax not normalised, scale twice, dP scaled, causal mask off by one, P
+                      filled with -inf, the partial block dropped, the causal bounds without the
+                      mask, a tile transposed again, the scale inside the loop, sqrt(D) as the
+                      default, the lazy gate inverted, dBias' diagonals shifted
+  lesson 09           a window edge with the other side's width, a sign slip, | for &, a side
+                      tested by truthiness, an empty start; slices one row short, the keep
+                      probability for the drop one, the two masks swapped
+"""
+import pytest
+import torch
+
+from flashattn import check
+
+from conftest import assert_clean, assert_hint, run_checker, solution
+
+CHECKS = {
+    "01": lambda m, **kw: run_checker(check.attention_backward, m.attention_backward, **kw),
+    "02p": lambda m, **kw: run_checker(check.rebuild_p, m.rebuild_p, **kw),
+    "02o": lambda m, **kw: run_checker(check.online_softmax, m.online_softmax_forward, **kw),
+    "03": lambda m, **kw: run_checker(check.dq_kernel, m.launch_dq, gqa=True, **kw),
+    "04": lambda m, **kw: run_checker(check.dkdv_kernel, m.launch_dkdv, gqa=True, **kw),
+    "05": lambda m, **kw: run_checker(check.autograd_function, m.my_flash_attention, **kw),
+    "07": lambda m, **kw: run_checker(check.lazy_backward, m.lazy_backward_one_head, **kw),
+    "09m": lambda m, **kw: run_checker(check.window_mask, m.visible_mask, **kw),
+    "09b": lambda m, **kw: run_checker(check.beyond_backward, m.packed_backward, **kw),
+}
+
+
+def _load(tmp_path, exercise, edit=None):
+    return solution(tmp_path, exercise[:2] if exercise.startswith("09") else exercise, edit)
+
+
+@pytest.mark.parametrize("exercise", ["01", "02p", "02o", "07", "09m", "09b"])
+def test_the_solutions_pass(tmp_path, exercise):
+    assert_clean(CHECKS[exercise](_load(tmp_path, exercise)))
+
+
+EDITS = [
+    # ---- 01: the PyTorch backward
+    ("01", "P = torch.softmax(S, dim=-1)", "P = torch.exp(S - S.amax(-1, keepdim=True))",
+     "softmax_unnormalised", "without the division by the row sum"),
+    ("01", "dP = do @ v.transpose(-1, -2)", "dP = do @ v.transpose(-1, -2) * scale", "dp_scaled", "dP carries"),
+    ("01", "S = (q @ k.transpose(-1, -2)) * scale", "S = (q @ k.transpose(-1, -2)) * scale * scale",
+     "scale_twice", "scale^2"),
+    ("01", "delta = (do * o).sum(dim=-1, keepdim=True)", "delta = (do * o).sum(dim=-2, keepdim=True)",
+     "exception", "from `delta = (do * o).sum(dim=-2, keepdim=True)`"),
+    # ---- 02: rebuilding P, the online softmax
+    ("02p", "S = (q @ k.transpose(-1, -2)) * scale", "S = (q * scale) @ (k * scale).transpose(-1, -2)",
+     "scale_twice", "scale^2"),
+    ("02p", "~causal_mask(S.shape[-2], S.shape[-1], S.device)",
+     "~torch.tril(torch.ones(S.shape[-2], S.shape[-1], dtype=torch.bool, device=S.device), diagonal=1)",
+     "mask_shifted", "also sees key i + 1"),
+    ("02p", '    if causal:\n        S = S.masked_fill(~causal_mask(S.shape[-2], S.shape[-1], S.device), float("-inf"))\n'
+            '    return torch.exp(S - lse[..., None])',
+     '    P = torch.exp(S - lse[..., None])\n    if causal:\n'
+     '        P = P.masked_fill(~causal_mask(P.shape[-2], P.shape[-1], P.device), float("-inf"))\n    return P',
+     "p_hidden_neg_inf", "-inf belongs on S"),
+    ("02o", "for start in range(0, S_k, block_n):", "for start in range(0, S_k - block_n + 1, block_n):",
+     "online_drop_partial", "only full blocks"),
+    ("02o", "(m + torch.log(l)).squeeze(-1)", "(m + torch.log(l)).squeeze()", "shape", "squeeze(-1)"),
+    # ---- 03: the dQ kernel
+    ("03", "        q, k, v, do, lse, delta, dq,\n", "        q, k, v, do, delta, lse, dq,\n", "launch_tensor",
+     "parameter LSE received delta"),
+    ("03", "s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale",
+     "s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale", "exception", "tl.dot(q, tl.trans(k))"),
+    ("03", "q = tl.load(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d,",
+     "q = tl.load(q_base + offs_m[:, None] * stride_q_d + offs_d[None, :] * stride_q_s,", "stride_axes",
+     "offs_m[:, None] * stride_q_d"),
+    ("03", "v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_v_h",
+     "v_base = V + b.to(tl.int64) * stride_v_b + h_kv.to(tl.int64) * stride_k_h", "address_terms",
+     "v's address uses stride_k_h"),
+    ("03", "dq_base = DQ + b.to(tl.int64) * stride_dq_b + h.to(tl.int64) * stride_dq_h",
+     "dq_base = DQ + b.to(tl.int64) * stride_dq_b + h_kv.to(tl.int64) * stride_dq_h", "address_terms",
+     "addressed at h_kv, the K/V head"),
+    ("03", "    dq = dq * scale                                  # S",
+     "        dq = dq * scale                                  # S", "scale_in_loop", "inside the loop"),
+    # ---- 04: the dK/dV kernel
+    ("04", "        q, k, v, do, lse, delta, dk, dv,\n", "        q, v, k, do, lse, delta, dk, dv,\n",
+     "launch_tensor", "parameter K received V"),
+    ("04", "delta = tl.load(delta_base + offs_m * stride_delta_s, mask=row_ok, other=0.0)",
+     "delta = tl.load(delta_base + offs_n * stride_delta_s, mask=col_ok, other=0.0)", "address_terms",
+     "addressed at the key positions offs_n"),
+    ("04", "dk_base = DK + b.to(tl.int64) * stride_dk_b + h_kv.to(tl.int64) * stride_dk_h",
+     "dk_base = DK + b.to(tl.int64) * stride_dk_b + h.to(tl.int64) * stride_dk_h", "address_terms",
+     "dk belongs to the K/V head but is addressed at h"),
+    ("04", "    m_start = 0\n    if CAUSAL:\n        m_start = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M\n",
+     "    m_start = (pid_n * BLOCK_N) // BLOCK_M * BLOCK_M\n", "causal_bounds_unguarded", "without the causal mask"),
+    ("04", "dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)",
+     "dv += tl.dot(tl.trans(pT).to(do.dtype), do, input_precision=DOT_PRECISION)", "tile_transposed_again",
+     "transposed once more"),
+    ("04", "pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)",
+     "pT = tl.where(visible, tl.exp(sT * scale - lse[None, :]), 0.0)", "scale_twice", "scale^2"),
+    ("04", "visible = visible & (offs_n[:, None] <= offs_m[None, :])", "visible & (offs_n[:, None] <= offs_m[None, :])",
+     "discarded_value", "is never used afterwards"),
+    # ---- 05: the autograd.Function
+    ("05", "ctx.causal, ctx.scale = causal, scale", "ctx.causal = causal", "exception",
+     "your forward never assigns it"),
+    ("05", "return dq, dk, dv, None, None", "return dq, dk, dv, None, ctx.scale", "exception",
+     "forward's input 5 is scale"),
+    ("05", "scale = 1.0 / math.sqrt(q.shape[-1])", "scale = math.sqrt(q.shape[-1])", "scale_value", "sqrt(D)"),
+    ("05", "o, lse = flashattn.attention_forward(q, k, v, causal, scale)",
+     "lse, o = flashattn.attention_forward(q, k, v, causal, scale)", "saved_order", "in the other order"),
+    ("05", "        delta = flashattn.attention_backward_delta(o, do)           # rowsum(dO * O)\n        dq = None\n"
+           "        if ctx.needs_input_grad[0]:\n",
+     "        dq = None\n        if ctx.needs_input_grad[0]:\n            delta = flashattn.attention_backward_delta(o, do)\n",
+     "exception", "never assigned"),
+    # ---- 07: lazy attention
+    ("07", "dtau = (dP.sum(-1) / (i + 1)).sum()", "dtau = (dP.sum(-1) / i).sum()", "divide_by_index",
+     "dtau = (dP.sum(-1) / i).sum()"),
+    ("07", "dP = dA * gate", "dP = dA.masked_fill(gate, 0.0)", "lazy_gate_inverted", "gate is inverted"),
+    ("07", "for d in range(W + 1)])", "for d in range(1, W + 2)])", "lazy_dbias_shifted", "one further"),
+    # ---- 09: the window's mask, the packed backward
+    ("09m", "seen &= j <= i + right", "seen &= j <= i + left", "window_other_side", "other side's width"),
+    ("09m", "seen &= j >= i - left", "seen &= j >= i + left", "window_edge_sign", "sign slip"),
+    ("09m", "seen &= j <= i + right", "seen |= j <= i + right", "window_or", "| (or)"),
+    ("09m", "if right >= 0:", "if right:", "window_truthiness", "truthiness"),
+    ("09m", "seen = torch.ones(S_q, S_k, dtype=torch.bool)", "seen = torch.zeros(S_q, S_k, dtype=torch.bool)",
+     "window_empty", "starts empty"),
+    ("09b", "qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])",
+     "qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1] - 1)", "slice_short", "one row early"),
+    ("09b", "keep = dropout_mask(seed, H, S_q, S_k, dropout_p, q.device, first_seq_head=b * H)",
+     "keep = dropout_mask(seed, H, S_q, S_k, 1 - dropout_p, q.device, first_seq_head=b * H)",
+     "keep_probability", "keep probability 1 - p"),
+    ("09b", "lse[qs].T, keep, dropout_p, seen, scale)", "lse[qs].T, seen, dropout_p, keep, scale)",
+     "masks_swapped", "in each other's place"),
+]
+
+
+@pytest.mark.parametrize("exercise,old,new,hint,phrase", EDITS,
+                         ids=[f"{e[0]}-{e[3]}-{i}" for i, e in enumerate(EDITS)])
+def test_slips_are_named(tmp_path, exercise, old, new, hint, phrase):
+    r = CHECKS[exercise](_load(tmp_path, exercise, (old, new)))
+    assert_hint(r, hint)
+    assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+def test_a_kernel_error_shows_the_kernel_line(tmp_path):
+    """Triton's interpreter re-raises a kernel's error at the launch; the line shown is the
+    kernel's own (and the tiles on it, with their shapes), not the launch."""
+    import flashattn
+
+    m = _load(tmp_path, "03", ("s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale",
+                               "s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale"))
+    text = " ".join(CHECKS["03"](m).failure_text().split())
+    assert "s = tl.dot(q, k, input_precision=DOT_PRECISION)" in text, text
+    if flashattn.INTERPRET:
+        assert "q [32, 16]; k [32, 16]" in text, text
