@@ -157,25 +157,28 @@ ABLATION_STEPS = [
     ("fast kernels, fixed 64x64 tiles, every tile masked", "fast-masked"),
     ("fast kernels, fixed 64x64 tiles, split loops", "fast-fixed"),
     ("+ autotuned tiles / warps / stages", "fast-pointers"),
-    ("+ Q and dO tiles through the copy engine (TMA, sm 9.0+)", "fast"),
+    ("+ Q and dO tiles through the copy engine (TMA, sm 9.0+)", "fast-tma-tiles"),
+    ("+ the LSE and delta vectors through the copy engine too", "fast"),
     ("fused backward (atomic dQ) instead of two kernels", "fused"),
 ]
 
 
-def _without_tma(fn):
-    """``fn`` run with the dK/dV kernel's pointer loads (FLASHATTN_TMA=0)."""
+def _with_env(fn, **env):
+    """``fn`` run with these environment variables set (FLASHATTN_TMA=0: the dK/dV kernel's
+    pointer loads; FLASHATTN_TMA_STATS=0: the LSE and delta by pointer loads)."""
     import os
 
     def run():
-        before = os.environ.get("FLASHATTN_TMA")
-        os.environ["FLASHATTN_TMA"] = "0"
+        before = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
         try:
             return fn()
         finally:
-            if before is None:
-                del os.environ["FLASHATTN_TMA"]
-            else:
-                os.environ["FLASHATTN_TMA"] = before
+            for name, value in before.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
     return run
 
 
@@ -212,7 +215,9 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
     if step == "fused":
         return fwd, lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, fused=True)
     bwd = lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale)  # noqa: E731
-    return fwd, (_without_tma(bwd) if step == "fast-pointers" else bwd)
+    if step == "fast-pointers":
+        return fwd, _with_env(bwd, FLASHATTN_TMA="0")
+    return fwd, (_with_env(bwd, FLASHATTN_TMA_STATS="0") if step == "fast-tma-tiles" else bwd)
 
 
 def run_ablation(dtype="fp16", head_dims=(64, 128), seqlen=4096, causals=(False, True),

@@ -144,6 +144,22 @@ def test_tma_loads_only_where_their_rules_hold(monkeypatch):
     assert not tuning.tma_ready(spec(), spec())
 
 
+def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch):
+    """With TMA on, the LSE and delta vectors come through 1-D descriptors too -- only where the
+    address and every stride but the last (which must be 1) are 16-byte aligned."""
+    from flashattn.fast import tuning
+
+    def spec(stride=None, ptr=0):
+        return tuning.ArgSpec((2, 4, 64), torch.float32, torch.device("cuda"), stride, ptr)
+
+    assert tuning.tma_stats_ready(spec())
+    assert not tuning.tma_stats_ready(spec(ptr=4))                        # address 4 bytes off
+    assert not tuning.tma_stats_ready(spec(stride=(4 * 66, 66, 1)))      # rows of 66 values: 264 bytes
+    assert not tuning.tma_stats_ready(spec(stride=(4 * 128, 128, 2)))    # every other value
+    monkeypatch.setenv("FLASHATTN_TMA_STATS", "0")
+    assert not tuning.tma_stats_ready(spec())
+
+
 @pytest.mark.skipif(not _hopper_with_descriptors(), reason="tensor-descriptor loads need a Hopper-class GPU")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 8, 2, 2100, 1777, 128), (1, 4, 4, 2048, 3001, 128)],

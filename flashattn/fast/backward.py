@@ -152,7 +152,8 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                 PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+                WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+                TMA_STATS: tl.constexpr):
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
@@ -162,9 +163,12 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
         else:
             q = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok, True, PAD_D)
             do = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok, True, PAD_D)
-        # padded rows: LSE = +inf makes their P exactly 0, no mask needed
-        lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
-        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+        if TMA_STATS:   # descriptors too; padded rows arrive as 0, and with q = dO = 0 there P = 1
+            lse2 = lse_base.load([start_m]) * LOG2E      # meets only zeros: dV, dS^T add nothing
+            delta = delta_base.load([start_m])
+        else:           # padded rows: LSE = +inf makes their P exactly 0, no mask needed
+            lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
+            delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
         pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
         if MASKED:
             if WINDOW:   # key j is seen by rows j - RIGHT ... j + LEFT
@@ -204,7 +208,7 @@ def fast_dkdv_kernel(
     CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
-    TMA: tl.constexpr = False,
+    TMA: tl.constexpr = False, TMA_STATS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -253,6 +257,9 @@ def fast_dkdv_kernel(
                                                block_shape=[BLOCK_M, BLOCK_D])
             do_base = tl.make_tensor_descriptor(do_base, shape=[S_q, HEAD_DIM], strides=[stride_do_s, 1],
                                                 block_shape=[BLOCK_M, BLOCK_D])
+        if TMA_STATS:   # the LSE and delta vectors: one copy per tile, not a scalar load per element
+            lse_base = tl.make_tensor_descriptor(lse_base, shape=[S_q], strides=[1], block_shape=[BLOCK_M])
+            delta_base = tl.make_tensor_descriptor(delta_base, shape=[S_q], strides=[1], block_shape=[BLOCK_M])
         seq_head = b * H_KV * GROUP_SIZE + h                 # the forward's program_id(1) for this head
         if WINDOW:   # the query rows that see these keys: masked edges, whole tiles between
             lo, free_lo, free_hi, hi = window_tiles(start_n, S_k, S_q, RIGHT, LEFT, BLOCK_N, BLOCK_M)
@@ -260,17 +267,17 @@ def fast_dkdv_kernel(
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, lo, free_lo, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA)
+                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, free_lo, free_hi, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA)
+                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS)
             dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, free_hi, hi, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA)
+                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS)
         else:
             if CAUSAL:
                 # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
@@ -280,7 +287,7 @@ def fast_dkdv_kernel(
                                      stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                      offs_n, offs_d, d_ok, start_n, diag_end, S_q, qk_scale, scale,
                                      start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA)
+                                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS)
                 first_free = start_n + BLOCK_N
             else:
                 first_free = 0
@@ -288,7 +295,7 @@ def fast_dkdv_kernel(
                                  stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                                  offs_n, offs_d, d_ok, first_free, q_end, S_q, qk_scale, scale,
                                  start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA)
+                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS)
 
     if DROPOUT:
         dv = dv * keep_scale
@@ -330,6 +337,7 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     # 4-9% off the backward at S >= 4k; at S = 1k causal the descriptors' setup cost 16%, at D = 64
     # nothing was gained, and the fused kernel got slower
     tma = not fused and D == 128 and S_q >= 2048 and tuning.tma_ready(q, do)
+    tma_stats = tma and not varlen and tuning.tma_stats_ready(lse)
     if tma and not warmup:
         tuning.ensure_allocator()     # in this (launching) thread: descriptors need a scratch buffer
     meta = dict(tuning.constants(q, causal), WINDOW=window_args[0], VARLEN=varlen, DROPOUT=dropout_p > 0)
@@ -352,7 +360,8 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                 *strides(dk)[:3], *strides(dv)[:3], *strides(dq_acc)[:3],
                 H_kv, H // H_kv, S_q, S_k, scale, *features)
         tuning.run("fused" if fused else "dkdv", fast_dkdv_kernel, _tuned_fused if fused else _tuned_dkdv,
-                   lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args, dict(meta, FUSED_DQ=fused, TMA=tma),
+                   lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args,
+                   dict(meta, FUSED_DQ=fused, TMA=tma, TMA_STATS=tma_stats),
                    config=config, warmup=warmup)
         if fused and not warmup:
             dq = dq_acc.to(q.dtype)

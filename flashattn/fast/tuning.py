@@ -83,6 +83,16 @@ def tma_ready(*tensors) -> bool:
     return True
 
 
+def tma_stats_ready(lse) -> bool:
+    """Whether the LSE (and delta, allocated like it) may be loaded through 1-D descriptors too:
+    unit last stride, the other strides and the address 16-byte aligned. ``FLASHATTN_TMA_STATS=0``
+    turns it off (the ablation)."""
+    if os.environ.get("FLASHATTN_TMA_STATS", "").strip() == "0" or lse.stride(-1) != 1:
+        return False
+    size = lse.dtype.itemsize
+    return lse.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in lse.stride()[:-1])
+
+
 def _scratch(size: int, alignment: int, stream):
     import torch
 
