@@ -88,7 +88,7 @@ DQ_BUGS = {
     "dq.causal_mask_on_S_with_0": ("mask_zero", "match that computation"),
     "dq.causal_strict": ("mask_strict", "match that computation"),
     "dq.causal_mask_transposed": ("mask_tile_transposed", "match that computation"),
-    "dq.causal_off_by_one": ("causal", "exactly the causal cases"),
+    "dq.causal_off_by_one": ("mask_shifted", "also sees key i + 1"),
     "dq.v_with_k_strides": ("stride", "V's head stride differs from K's"),
     "dq.lse_as_row": ("lse_broadcast", "match that computation"),
     "dq.batch_head_swapped": ("wild_access", "outside every tensor"),

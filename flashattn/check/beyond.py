@@ -97,6 +97,11 @@ def _edge_slips(i, j, left: int, right: int) -> dict:
     truthy_left = (j >= i - left) if left != 0 else everything
     truthy_right = (j <= i + right) if right != 0 else everything
     out["window_empty"] = torch.zeros_like(everything)     # torch.zeros to start, then &=: nothing is ever seen
+    if left >= 0 and right >= 0:   # elif for the second side: it is skipped whenever the first applies
+        out["window_elif"] = left_ok
+    # one side's condition guarded by the other side's test (if left >= 0: ... j <= i + right)
+    out["window_guard_other:right"] = left_ok & (((j <= i + right) if left >= 0 else everything))
+    out["window_guard_other:left"] = (((j >= i - left) if right >= 0 else everything)) & right_ok
     out["window_truthiness:left"] = truthy_left & right_ok
     out["window_truthiness:right"] = left_ok & truthy_right
     out["window_truthiness:both"] = truthy_left & truthy_right
@@ -188,6 +193,7 @@ BEYOND_CASES = (
     _beyond_case((16,), p=0.2),
     _beyond_case((7, 10, 5), window=(-1, 0), p=0.5),
     _beyond_case((8, 11), (12, 7), window=(2, 2), p=0.3),
+    _beyond_case((6, 0, 9), (5, 0, 8), window=(-1, 0), p=0.2),   # an empty sequence between two others
 )
 
 
@@ -215,6 +221,15 @@ def _keep(x, b, S_q, S_k, first_seq_head=None, p=None) -> torch.Tensor:
     return x.masks[key]
 
 
+def _keep_heads(x, heads: int, first: int, S_q: int, S_k: int) -> torch.Tensor:
+    """A dropout mask drawn for ``heads`` heads from head number ``first`` (a mistaken head count)."""
+    from ..beyond.kernels import dropout_mask
+
+    if x.p <= 0:
+        return torch.ones(heads, S_q, S_k, dtype=torch.bool)
+    return dropout_mask(x.seed, heads, S_q, S_k, x.p, x.device, first_seq_head=first).cpu()
+
+
 def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") -> tuple:
     """dQ, dK, dV of one sequence (``[H, S, D]`` tensors, lse ``[H, S_q]``), float64, by the
     lesson's formulas -- or with one classic ``slip`` put in."""
@@ -231,6 +246,8 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
     rescale = {"rescale_inverted": 1.0 - p, "rescale_twice": 1.0 / (1.0 - p) ** 2}.get(slip, 1.0 / (1.0 - p))
     z_dv = keep * (1.0 if slip in ("no_rescale", "no_rescale_dv") else rescale)
     z_dp = keep * (1.0 if slip in ("no_rescale", "no_rescale_dp") else rescale)
+    if slip == "rescale_precedence":         # keep / 1.0 - p: the parentheses around 1 - p dropped
+        z_dv = z_dp = keep.to(torch.float64) - p
     if slip == "dv_no_mask":
         z_dv = torch.ones_like(z_dv, dtype=torch.float64)
     if slip == "dp_no_mask":
@@ -252,18 +269,18 @@ def _heads_first(t):
 
 
 def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
-                 scale=None, sliced_mask=False, reshape_heads=False, short: str = "", mask_p=None,
-                 masks_swapped=False) -> dict:
+                 scale=None, sliced_mask=False, reshape_heads=False, mask_p=None,
+                 masks_swapped=False, one_head_mask=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
     mask), ``whole`` (the packed batch taken as one sequence), ``global_positions`` (the window
     compares positions in the packed tensor), ``sliced_mask`` (each sequence's mask cut out of
     one mask drawn for the whole packed batch), ``reshape_heads`` ([S, H, D] <-> [H, S, D] by
-    reshape, which reorders the elements, where a transpose belongs), ``short`` ("q" or "k": that
-    side's slices end one row early, cu_seqlens[b + 1] - 1), ``mask_p`` (the dropout mask drawn
+    reshape, which reorders the elements, where a transpose belongs), ``mask_p`` (the dropout mask drawn
     with this probability), ``masks_swapped`` (the window's mask and the dropout mask handed to
-    the per-sequence backward in each other's place)."""
+    the per-sequence backward in each other's place), ``one_head_mask`` (each sequence's mask drawn
+    for one head and broadcast over all)."""
     case = x.case
     H = x.q.shape[1]
     heads = (lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])) if reshape_heads else _heads_first
@@ -271,9 +288,6 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
         spans_q, spans_k = [slice(0, sum(case.lens_q))], [slice(0, sum(case.lens_k))]
     else:
         spans_q, spans_k = _spans(case.lens_q), _spans(case.lens_k)
-    if short:
-        cut = lambda spans: [slice(s.start, s.stop - 1) for s in spans]  # noqa: E731
-        spans_q, spans_k = (cut(spans_q), spans_k) if short == "q" else (spans_q, cut(spans_k))
     dq, dk, dv = torch.zeros_like(x.q), torch.zeros_like(x.k), torch.zeros_like(x.v)
     for b, (qs, ks) in enumerate(zip(spans_q, spans_k)):
         S_q, S_k = qs.stop - qs.start, ks.stop - ks.start
@@ -287,6 +301,8 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
             keep = _keep(x, 0, sum(case.lens_q), sum(case.lens_k), 0)[:, qs, ks]
         else:
             keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None, mask_p)
+        if one_head_mask:                  # drawn for one head (the first of the sequence), broadcast
+            keep = _keep_heads(x, 1, b * H, S_q, S_k).expand(H, S_q, S_k)
         if masks_swapped:
             seen, keep = keep, seen.expand(H, S_q, S_k)
         g = sequence_grads(*(heads(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
@@ -335,7 +351,7 @@ def _make(case: BeyondCase, dtype, device, seed, with_do):
 
 #: mistakes that change the result only with dropout on, and how each is put in
 DROPOUT_SLIPS = ("no_rescale", "no_rescale_dv", "no_rescale_dp", "dv_no_mask", "dp_no_mask", "ds_dropped_p",
-                 "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice")
+                 "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence")
 
 
 def _variants(case: BeyondCase, x) -> dict:
@@ -347,12 +363,12 @@ def _variants(case: BeyondCase, x) -> dict:
             found["mask_same_for_all"] = packed_grads(x, mask_heads=lambda b, H: 0)
             found["mask_numbered_by_b"] = packed_grads(x, mask_heads=lambda b, H: b)
             found["mask_sliced_from_whole"] = packed_grads(x, sliced_mask=True)
+        if case.H > 1:                     # dropout_mask(seed, 1, ...): one head's mask for all
+            found["mask_one_head"] = packed_grads(x, one_head_mask=True)
     for name in window_slips(case.S_q, case.S_k, case.window):
         found[name] = packed_grads(x, window_slip=name)
     found["keep_probability"] = packed_grads(x, mask_p=1.0 - case.dropout_p)   # at p = 0: nothing survives
     found["masks_swapped"] = packed_grads(x, masks_swapped=True)
-    found["slice_short:q"] = packed_grads(x, short="q")
-    found["slice_short:k"] = packed_grads(x, short="k")
     found["unscaled_scores"] = packed_grads(x, "unscaled_scores")
     if case.scale is not None:
         found["scale_ignored"] = packed_grads(x, scale=case.D ** -0.5)

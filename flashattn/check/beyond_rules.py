@@ -64,6 +64,12 @@ _slip_rule("window_empty", "the mask is False everywhere: it starts empty",
            WINDOW_IDEA + " Start from a mask where every key is seen (torch.ones(..., dtype=torch.bool)) "
            "and take keys away with &= for each limited side; a mask that starts all False stays all False.",
            kinds=("window",))
+_slip_rule("window_elif", "the second side is tested with elif: it is skipped whenever the first applies",
+           WINDOW_IDEA + " The two sides are independent conditions: two `if`s, each adding its own limit. "
+           "`elif` runs the second only when the first did not.")
+_slip_rule("window_guard_other", "one side's limit is guarded by the other side's test",
+           WINDOW_IDEA + " Each limit is applied when *its own* side is limited: `if right >= 0:` guards "
+           "j <= i + right, `if left >= 0:` guards j >= i - left (a copied `if` half changed?).")
 _slip_rule("window_bottom_right", "the window is aligned bottom-right",
            WINDOW_IDEA + " With S_q != S_k the course aligns query i with key i (top-left, as its causal "
            "mask); yours shifts the queries by S_k - S_q.")
@@ -115,6 +121,13 @@ _slip_rule("rescale_twice", "the 1 / (1 - p) rescale is applied twice", _DROPOUT
 _slip_rule("keep_inverted", "the dropout mask is inverted: the dropped elements are kept",
            "Z is True where the element *survives* (dropout_mask returns the keep-mask): multiply by Z, "
            "not by ~Z or 1 - Z.", kinds=("beyond",))
+_slip_rule("rescale_precedence", "keep / 1.0 - p: the parentheses around 1 - p are missing",
+           _DROPOUT_IDEA + " Division binds before subtraction: keep / (1.0 - p), with the parentheses.",
+           kinds=("beyond",))
+_slip_rule("mask_one_head", "the dropout mask is drawn for one head and broadcast to all",
+           "dropout_mask(seed, H, S_q, S_k, p, ...) draws one mask per head of the sequence, heads numbered "
+           "b * H ... b * H + H - 1: with a head count of 1 every head reuses the first head's mask.",
+           kinds=("beyond",))
 _slip_rule("keep_probability", "the dropout mask is drawn with the keep probability 1 - p",
            "dropout_mask(seed, H, S_q, S_k, p, ...) takes the *drop* probability p, the dropout_p the "
            "forward used: it returns Z, True where an element survives (with probability 1 - p). Hand it "
@@ -193,12 +206,6 @@ _slip_rule("global_positions", "the window compares positions in the packed tens
            "Positions restart at 0 in each sequence: build each sequence's mask from its own lengths "
            "(S_q, S_k), so query i and key j are counted from cu_seqlens_q[b] and cu_seqlens_k[b].",
            kinds=("beyond",))
-
-
-_slip_rule("slice_short", "each sequence's slice ends one row early",
-           "Sequence b is rows cu_seqlens[b] : cu_seqlens[b + 1] -- a Python slice already stops before "
-           "its end, so no - 1: cu_seqlens[b + 1] is the first row of the *next* sequence. One short, the "
-           "last row of every sequence is never computed.", kinds=("beyond",))
 
 
 @rule("last_sequence", "the last sequence is wrong in every failing case, the others right",

@@ -93,6 +93,15 @@ def _pattern_rule(prop_ids, kinds=None, exact: bool = True):
     return test
 
 
+@rule("default_scale_value", "the default scale is wrong: only the call with scale=None fails",
+      "When no scale is given, the softmax scale is 1 / sqrt(D), D = q.shape[-1]: a float division "
+      "(1.0 / math.sqrt(D)). `//` floors it to 0, sqrt(D) without the 1 / inverts it, shape[-2] is a "
+      "length. Every call that passes its own scale is right, so the defaulting line is the place.",
+      kinds=("autograd",))
+def _default_scale_value(ctx):
+    return _pattern_rule(["scale_none"])(ctx)
+
+
 @rule("default_scale", "the scale you were given is not the one used",
       "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
       "argument (when rebuilding S, or for the factor in dQ / dK).")
@@ -140,6 +149,12 @@ def _ds(ctx):
     if "dV" in ctx.names and ctx.right_everywhere("dV") and \
             all(ctx.wrong_in(n) for n in ("dK", "dQ") if n in ctx.names) and \
             any(n in ctx.names for n in ("dK", "dQ")):         # dS feeds both: both wrong
+        if ctx.kind == "dkdv":     # no dQ here: dS^T and the one product that uses it
+            return ctx.tensor_pattern(), (
+                "dV = P^T dO needs only P, so P is fine. dK goes through dS^T = P^T * (dP^T - delta) "
+                "and then the product dK += dS^T Q: check dP^T = V dO^T, delta (one value per query "
+                "row, lined up with the columns of the [key, query] tile), and which tile the dK "
+                "product multiplies (dS^T, not dP^T or P^T; not transposed again).")
         return ctx.tensor_pattern()
     return None
 

@@ -244,6 +244,24 @@ def _address_slips(src: str) -> list:
     return out
 
 
+def _mask_slips(src: str) -> list:
+    """[(call, what is wrong)]: a key-side tile (K, V, dK, dV) loaded or stored with the query
+    rows' mask row_ok, or a query-side one with the key mask col_ok."""
+    out = []
+    for text, args in _calls(src, r"tl\.(?:load|store)"):
+        if not args:
+            continue
+        m = re.match(r"(\w+?)(?:_base|_ptrs?)?\s*\+", args[0])
+        mask = next((a.split("=", 1)[1] for a in args if re.match(r"mask\s*=", a)), "")
+        tensor = m.group(1).lower() if m else ""
+        uses = set(re.findall(r"\b(row_ok|col_ok)\b", mask))
+        if tensor in _KV_SIDE and uses == {"row_ok"}:
+            out.append((text.split("\n")[0].strip(), f"{tensor} (a row per key) is masked with row_ok, the query rows' mask: col_ok"))
+        elif tensor in _QUERY_SIDE and uses == {"col_ok"}:
+            out.append((text.split("\n")[0].strip(), f"{tensor} (a row per query) is masked with col_ok, the keys' mask: row_ok"))
+    return out
+
+
 @rule("address_terms", "an address is built with another tensor's stride, head or positions",
       "Each tensor's address uses its own strides (K with stride_k_*, never stride_v_*: the layouts "
       "may differ), its own head -- Q, dO, LSE, delta and dQ belong to the query head h, K, V, dK "
@@ -254,7 +272,7 @@ def _address_slips(src: str) -> list:
       kinds=("dq", "dkdv"))
 def _address_terms(ctx):
     for src in ctx.sources:
-        slips = _address_slips(src)
+        slips = _address_slips(src) + _mask_slips(src)
         if slips:
             shown = "; ".join(f"`{line}`: {what}" for line, what in slips[:2])
             return f"{shown}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
@@ -276,6 +294,16 @@ def _pure_call(v) -> bool:
                                         (isinstance(v.func, ast.Name) and v.func.id in _PURE))
 
 
+def _one_typo(a: str, b: str) -> bool:
+    """Names one edit apart (an underscore, a letter): d_q and dq, dkk and dk."""
+    if a == b or abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 2:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b)) == 1
+    short, long_ = sorted((a, b), key=len)
+    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
+
+
 def _discarded(src: str) -> list:
     """[line] of statements whose value is computed and dropped: ``visible & (...)`` or
     ``S.masked_fill(...)`` on a line of its own, never assigned -- or assigned to a name that
@@ -295,12 +323,24 @@ def _discarded(src: str) -> list:
             v = node.value
             if isinstance(v, (ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp)) or _pure_call(v):
                 out.append(lines[node.lineno - 1].split("#")[0].strip())
-        elif isinstance(node, ast.Assign) and id(node) not in in_loop and _pure_call(node.value) and \
+        elif isinstance(node, ast.Assign) and id(node) not in in_loop and \
                 len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             name, end = node.targets[0].id, getattr(node, "end_lineno", node.lineno)
-            if not any(n == name and line > end for n, line in loads):
+            if any(n == name and line > end for n, line in loads):
+                continue
+            later = {n for n, line in loads if line > end}
+            # a computed value (not a launch or a call for its effect), or a name a typo away from one
+            # used later (d_q = ... ; return dq)
+            if _pure_call(node.value) or isinstance(node.value, ast.BinOp) or \
+                    any(_one_typo(name, n) for n in later):
                 out.append(lines[node.lineno - 1].split("#")[0].strip())
     return out
+
+
+def unused_assignments(ctx) -> list:
+    """The lines of the learner's code whose value nothing uses (for the rules that come before
+    this module's, to name in their evidence)."""
+    return [line for src in ctx.sources for line in _discarded(src)]
 
 
 @rule("discarded_value", "a line computes a value that nothing uses",
@@ -314,6 +354,26 @@ def _discarded_value(ctx):
         lines = _discarded(src)
         if lines:
             return f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}"
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# a bound with <= where < belongs
+# --------------------------------------------------------------------------------------
+_INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S_q|S_k|HEAD_DIM|S|D)\b")
+
+
+@rule("bound_inclusive", "a mask compares with <= the length: index S is already past the end",
+      "Positions run 0 ... S - 1: the mask of valid rows is offs < S. With <= the row (or column) S "
+      "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
+      kinds=("dq", "dkdv"))
+def _bound_inclusive(ctx):
+    for src in ctx.sources:
+        for line in src.splitlines():
+            code = line.split("#")[0]
+            m = _INCLUSIVE.search(code)
+            if m:
+                return f"`{code.strip()}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
     return None
 
 

@@ -50,6 +50,8 @@ def _properties() -> list:
         Property("causal", "the causal cases", lambda c: c.causal),
         Property("noncausal", "the cases without the causal mask", lambda c: not c.causal),
         Property("custom_scale", "the case with a custom scale", lambda c: c.scale is not None),
+        Property("scale_none", "the case that leaves the scale to its default (scale=None)",
+                 lambda c: getattr(c, "scale_none", False)),
         Property("gqa", "the GQA cases (H != H_kv)", lambda c: c.heads_kv != c.H),
         Property("sq_gt_sk", "the cases with S_q > S_k", lambda c: c.S_q > c.S_k),
         Property("sq_lt_sk", "the cases with S_q < S_k", lambda c: c.S_q < c.S_k),

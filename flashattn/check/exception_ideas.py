@@ -123,12 +123,42 @@ def _autograd_idea(r, sources: list) -> Optional[str]:
     return None
 
 
+def _used_before_assigned(r) -> Optional[str]:
+    """UnboundLocalError for a name the function assigns only *below* the line that used it."""
+    from .origin import learners_frame
+
+    m = re.search(r"local variable '(\w+)'", str(r.error))
+    found = learners_frame(r.error) if m else None
+    if not found:
+        return None
+    f, lineno = found
+    name, path = m.group(1), f.f_code.co_filename
+    assign = re.compile(rf"^\s*(?:[\w\s,]*,\s*)?{name}\s*(?:,[\w\s,]*)?=(?!=)")
+    for n in range(lineno + 1, lineno + 60):
+        text = linecache.getline(path, n)
+        if not text:
+            break
+        if assign.match(text):
+            return (f"{name} is used on the line shown before it is assigned, further down "
+                    f"(`{text.split('#')[0].strip()}`): Python runs the lines in order. Move the line that "
+                    f"uses it below that assignment.")
+    return None
+
+
 def _specific_idea(r, sources: list = ()):
     """An idea from the error's own numbers and line, where they pin the mistake."""
     message, line, c = str(r.error), r.error_where or "", r.case
-    plumbing = _autograd_idea(r, list(sources))
+    plumbing = _autograd_idea(r, list(sources)) or _used_before_assigned(r)
     if plumbing:
         return plumbing
+    if re.search(r"cannot be multiplied|size mismatch|Expected size for first two dimensions", message) and "@" in line:
+        shapes = _shapes(r.error)
+        same = [n for n, sh in shapes.items() if list(shapes.values()).count(sh) > 1 and len(sh) >= 2]
+        if len(same) >= 2 and shapes[same[0]][-1] != shapes[same[0]][-2]:
+            return (f"A matrix product (@) of two tensors shaped alike ({', '.join(same)}: "
+                    f"{list(shapes[same[0]])}): where both are [S_q, S_k] the formula wants the elementwise "
+                    f"product (*), as in dS = P * (dP - delta). @ runs only where the shapes happen to "
+                    f"chain (S_q = S_k), and is wrong there.")
     dot = _dot_idea(r)
     if dot:
         return dot
@@ -153,7 +183,7 @@ def _specific_idea(r, sources: list = ()):
         return None
     sizes = {int(m.group(1)), int(m.group(2))}
     shapes = _shapes(r.error)
-    packed = _packed_layout_idea(shapes, sizes)
+    packed = _packed_layout_idea(shapes, sizes, c)
     if packed:
         return packed
     pair = _row_vector_on_keys(shapes, sizes, line)
@@ -187,10 +217,18 @@ def _specific_idea(r, sources: list = ()):
     return None
 
 
-def _packed_layout_idea(shapes: dict, sizes: set) -> Optional[str]:
+def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
     """Lesson 09's packed batches: a per-sequence tensor still in the packed layout (heads
-    second-to-last, [S, H]) where [H, S] belongs, or P's key axis unlike the window's mask."""
+    second-to-last, [S, H]) where [H, S] belongs, a window mask sized by the sequence's end
+    offsets, or P's key axis unlike the window's mask."""
     seen = shapes.get("seen")
+    lens_q, lens_k = getattr(case, "lens_q", None), getattr(case, "lens_k", None)
+    if seen is not None and len(seen) == 2 and lens_q:
+        ends = list(zip(_cumulative(lens_q), _cumulative(lens_k)))
+        if seen in ends and seen not in list(zip(lens_q, lens_k)):
+            return (f"The window's mask is {list(seen)}: the end offsets of a sequence in the packed batch "
+                    f"(cu_seqlens_q[b + 1], cu_seqlens_k[b + 1]), not its lengths. A sequence's length is "
+                    f"end - start: cu_seqlens[b + 1] - cu_seqlens[b]; only the first sequence starts at 0.")
     for name, sh in shapes.items():
         for other, osh in shapes.items():
             # [S_q, H] beside [H, S_q, ...]: the LSE (or a row vector) not transposed per sequence
@@ -230,6 +268,31 @@ def _made_by(exc: BaseException, names) -> dict:
     return out
 
 
+def _matmul_idea(r) -> Optional[str]:
+    """A matrix product whose inner dimensions disagree: its operands' shapes and the lines that
+    made them (the wrong one is often made a line or two above, by @ where * belongs)."""
+    if not re.search(r"mat1 and mat2|cannot be multiplied|size mismatch|Expected size for first two dimensions",
+                     str(r.error)):
+        return None
+    shapes = _shapes(r.error)
+    if not shapes:
+        return None
+    made = _made_by(r.error, shapes)
+    known = "; ".join(f"{n} {list(sh)}" + (f" from `{made[n]}`" if n in made else "") for n, sh in shapes.items())
+    return (f"A matrix product's inner dimensions do not agree (its tensors: {known}). Check which operand "
+            f"is transposed (Q K^T, P^T dO, dO V^T, dS K, dS^T Q) -- and how each was made: an operand "
+            f"built with @ where the elementwise * belongs (dS = P * (dP - delta)) has the wrong shape "
+            f"already.")
+
+
+def _cumulative(lens) -> list:
+    out, total = [], 0
+    for n in lens:
+        total += n
+        out.append(total)
+    return out
+
+
 def _sizes_idea(r) -> Optional[str]:
     """For a broadcast error that no idea above explains: the sizes, the operands' shapes and
     the line, with no story about which mistake it is."""
@@ -264,10 +327,26 @@ _EXCEPTION_IDEAS = [
     (r"view size is not compatible|\.view",
      ".view needs memory laid out for it: on a non-contiguous tensor use .reshape, or avoid "
      "reshaping at all."),
-    (r"referenced before assignment|cannot access local variable|is not defined",
+    (r"referenced before assignment|cannot access local variable",
      "A name is used on a path where it was never assigned: it is set inside an `if` (or a loop) "
      "that did not run in the cases that raised -- they say which branch was skipped (a frozen "
      "input: ctx.needs_input_grad False). Compute what every branch needs before the branches."),
+    (r"is not defined",
+     "A name is used where it does not exist: it was defined only inside another loop or function "
+     "(a kernel's row mask lives in the loop over query blocks, not where dK and dV are stored), "
+     "or misspelt. Use the quantity that belongs at this place."),
+    (r"Expected reduction dim .* non-zero size|cannot perform reduction function .* on .* empty|numel\(\) == 0|zero-size array",
+     "A reduction (max, sum) over an empty tensor: a slice with nothing in it. Most often a loop that "
+     "runs one block past the end -- range(0, S + 1, block) or range(0, S + block, block) -- whose "
+     "last slice starts at S. range(0, S, block) already reaches the partial last block."),
+    (r"negative dimension",
+     "A length came out negative: a slice or a size computed as end - 1 or end - start where the "
+     "sequence is empty (length 0) or the end comes first -- cu_seqlens[b + 1] - 1 as a slice's end, "
+     "say. A packed batch may hold an empty sequence: slices end at cu_seqlens[b + 1], exclusive."),
+    (r"not enough values to unpack|too many values to unpack",
+     "Unpacking got another number of values than names: ctx.saved_tensors holds exactly what "
+     "ctx.save_for_backward was given, in that order (and a function returns what it returns: "
+     "o, lse = attention_forward(...)). Save everything backward unpacks."),
     (r"incorrect number of gradients",
      "backward returns one value per input of forward, in order, None for the non-tensor ones."),
     (r"must be a bool|must be a float|must be a torch.Tensor",
@@ -317,7 +396,7 @@ def exception_idea(raised: list, sep, sources: list = ()) -> Optional[str]:
         return ("It raised only where the keys come in several blocks: the code that runs for the "
                 "second block on. Check the block's slice (start : start + block_n, not "
                 "start : block_n) and everything offset by the block's start.")
-    sized = _sizes_idea(raised[0])
+    sized = _sizes_idea(raised[0]) or _matmul_idea(raised[0])
     if sized:
         return sized
     message = str(raised[0].error)

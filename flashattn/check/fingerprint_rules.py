@@ -325,6 +325,16 @@ _fp("online_drop_partial", "the loop visits only full blocks: the last, partial 
     "partial; a stop of S_k - block_n + 1 leaves that one out (and every key when S_k < block_n). "
     "Slicing k[..., n0:n0 + block_n] past the end is safe in PyTorch: it stops at S_k.",
     kinds=("online_softmax",))
+_fp("online_l_rescales_new", "l = (l + rowsum(p)) * alpha: the new block's sum is rescaled too",
+    "alpha = exp(m_old - m_new) converts what was summed *before* this block to the new maximum; "
+    "this block's p is already taken against m_new. So l = l * alpha + rowsum(p): multiply first, "
+    "then add (the same for acc).", kinds=("online_softmax",))
+_fp("online_v_from_k", "the value block is sliced from k",
+    "O = P V: each block's p multiplies that block of the *values*, vb = v[..., start:start + block_n, :]. "
+    "Yours equals the loop with K in V's place.", kinds=("online_softmax",))
+_fp("accumulated_into_other", "one gradient's product is added into the other's accumulator",
+    "dV += P^T dO and dK += dS^T Q each go into their own accumulator: yours adds one of them into the "
+    "other (dK's share into dv, say), so one output is zero and the other holds both.", kinds=("dkdv",))
 _fp("online_alpha_on_new", "alpha multiplies the new block instead of the running sums",
     "alpha = exp(m_old - m_new) rescales what was accumulated *before* the maximum changed: "
     "l = l * alpha + rowsum(p), acc = acc * alpha + p V. Applied to the new block instead, the "

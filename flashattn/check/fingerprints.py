@@ -172,6 +172,10 @@ def _tile_variants(case: Case, x: Inputs, kind: str) -> dict:
                 to_sq = (j < -(-case.S_q // block) * block).expand(case.S_q, case.S_k)
                 out[f"key_loop_to_sq:{block}"] = _grads_from_p(case, x, _from_lse(case, x, to_sq))
         dS_t = _tile_transpose_matrix(ref.dS, case, block)
+        if kind == "dkdv" and block == BLOCKS[0]:   # dK's product added into dV (or dV's into dK)
+            dK_raw = sum_groups(ref.dS.transpose(-1, -2) @ q, Hk)
+            out["accumulated_into_other:dV"] = {"dK": torch.zeros_like(ref.dK), "dV": dt(ref.dV + dK_raw)}
+            out["accumulated_into_other:dK"] = {"dK": dt((dK_raw + ref.dV) * s), "dV": torch.zeros_like(ref.dV)}
         if kind == "dkdv":
             P_t = _tile_transpose_matrix(ref.P, case, block)
             out[f"tile_transposed_again:{block}dK"] = {"dK": dt(sum_groups(dS_t.transpose(-1, -2) @ q, Hk) * s)}
@@ -244,6 +248,10 @@ def _operand_variants(case: Case, x: Inputs) -> dict:
         if X.shape == ref.dO.shape:
             out[f"operand:dV = P^T {name}"] = {"dV": dt(sum_groups(ref.P.transpose(-1, -2) @ X, Hk))}
     out["operand:dP = O V^T"] = _grads_from_p(case, x, ref.P, dP=ref.O @ v_full.transpose(-1, -2))
+    # dP (or P) where dS belongs in dK = dS^T Q, dQ = dS K
+    for name, M in (("dP", ref.dP), ("P", ref.P)):
+        out[f"operand:dK = {name}^T Q"] = {"dK": dt(sum_groups(M.transpose(-1, -2) @ q, Hk) * s)}
+        out[f"operand:dQ = {name} K"] = {"dQ": dt(M @ k_full * s)}
     return out
 
 
@@ -300,11 +308,12 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         out.update(_autograd_mask_variants(case, x, S, visible))
         return out
     out["mask_strict"] = _grads_from_p(case, x, _from_lse(case, x, j < i))
-    out["mask_shifted"] = _grads_from_p(case, x, _from_lse(case, x, j <= i + 1))
     for block in BLOCKS:
         seen = _visited(case, kind, block, dev)
         out[f"no_mask:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen))
         out[f"mask_ge:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen & (j >= i)))
+        # one key further (j <= i + 1): the loop's bounds still stop at the tiles it visits
+        out[f"mask_shifted:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen & (j <= i + 1)))
         zeroed = torch.exp(torch.where(visible, S, 0.0) - x.ref.LSE[..., None])     # S = 0, not -inf
         out[f"mask_zero:{block}"] = _grads_from_p(case, x, torch.where(seen, zeroed, 0.0))
         m0, n0 = (i // block) * block, (j // block) * block
@@ -417,6 +426,8 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_block_max": _online(case, x, case.scale_value, torch.exp, slip="block_max"),
             "online_block_short": _online(case, x, case.scale_value, torch.exp, slip="block_short"),
             "online_drop_partial": _online(case, x, case.scale_value, torch.exp, slip="drop_partial"),
+            "online_l_rescales_new": _online(case, x, case.scale_value, torch.exp, slip="l_rescales_new"),
+            "online_v_from_k": _online(case, x, case.scale_value, torch.exp, slip="v_from_k"),
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -424,7 +435,7 @@ def online_variants(case: Case, x: Inputs) -> dict:
 def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
     q = x.q.to(torch.float64)
     k = repeat_kv(x.k.to(torch.float64), case.H)
-    v = repeat_kv(x.v.to(torch.float64), case.H)
+    v = k if slip == "v_from_k" else repeat_kv(x.v.to(torch.float64), case.H)
     block = case.block_n or case.S_k
     rows = torch.arange(case.S_q, device=q.device)[:, None]
     m = torch.full(q.shape[:-1] + (1,), float("-inf"), dtype=torch.float64, device=q.device)
@@ -440,7 +451,10 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
         m_new = s.amax(-1, keepdim=True) if slip == "block_max" else torch.maximum(m, s.amax(-1, keepdim=True))
         alpha = torch.exp(m - m_new)
         p = p_exp(s - m_new)
-        if slip == "alpha_on_new":          # alpha multiplies the new block, not the running sums
+        if slip == "l_rescales_new":        # l = (l + rowsum(p)) * alpha: the new block rescaled too
+            l = (l + p.sum(-1, keepdim=True)) * alpha
+            acc = acc * alpha + p @ v[..., n0:end, :]
+        elif slip == "alpha_on_new":          # alpha multiplies the new block, not the running sums
             l = l + alpha * p.sum(-1, keepdim=True)
             acc = acc + alpha * (p @ v[..., n0:end, :])
         else:
@@ -524,7 +538,7 @@ def _fails(mistake: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
     not the looser one of a fingerprint match): then it can be told from the right one."""
     if mistake.shape != expected.shape:
         return True
-    m, e = mistake.to(torch.float64), expected
+    m, e = mistake.to("cpu", torch.float64), expected.to("cpu", torch.float64)
     if not torch.equal(torch.isfinite(m), torch.isfinite(e)):
         return True
     m, e = torch.nan_to_num(m, nan=0.0, posinf=0.0, neginf=0.0), torch.nan_to_num(e, nan=0.0, posinf=0.0, neginf=0.0)

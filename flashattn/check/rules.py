@@ -107,6 +107,13 @@ def _none_gradient(ctx):
     if r is None:
         return None
     evidence = f"case '{r.case.name}' (inputs requiring grad: {', '.join(r.case.requires)}): {r.error}"
+    from .code_rules import unused_assignments
+    unused = unused_assignments(ctx)
+    if unused:                     # d_q = ... computed, dq returned: the gradient is never handed back
+        return (f"{evidence}; `{unused[0]}` computes a value that is never used afterwards",
+                "The gradient is computed but not returned: the name assigned is not the one returned (a "
+                "typo, d_q for dq?), or it is assigned after the return. backward returns one value per "
+                "forward input, in order.")
     # None for *every* input that needs a gradient, in every case: the guard is the wrong way round
     if all(isinstance(x.error, NoGradient) and set(getattr(x.error, "missing", ())) == set(x.case.requires)
            for x in ctx.results):
@@ -125,6 +132,11 @@ def _shape(ctx):
     if r is None:
         return None
     message = str(r.error)
+    if "got NoneType" in message:
+        cases = [x.case.name for x in ctx.results if x.error is not None and "got NoneType" in str(x.error)]
+        return message, (f"Your function returned None in {len(cases)} case(s) ({', '.join(cases[:3])}): it "
+                         f"reached its end without a return. A return inside an `if` (or a loop) returns only "
+                         f"when that branch runs: put the final return at the function's own level.")
     if ctx.kind == "autograd" and "got tuple" in message:
         return message, ("Your function returned a tuple where the output alone belongs, as SDPA returns "
                          "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "

@@ -266,6 +266,22 @@ def _not_implemented(e: BaseException) -> bool:
     return False
 
 
+def _compiled_kernel_line(exc: BaseException) -> str:
+    """'the kernel's line 56 -> the line' for Triton's compile errors (a GPU compiles the kernel,
+    so no frame of the learner's file runs it): the error carries the kernel's source and the
+    node that failed."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        src, node = getattr(exc, "src", None), getattr(exc, "node", None)
+        if isinstance(src, str) and getattr(node, "lineno", None):
+            lines = src.splitlines()
+            if 0 < node.lineno <= len(lines):
+                return f"the kernel's line {node.lineno} (counted from its def) -> {lines[node.lineno - 1].strip()}"
+        exc = exc.__cause__ or exc.__context__
+    return ""
+
+
 def where(exc: BaseException) -> str:
     """'a notebook cell, line 12 -> the line': the innermost frame of the learner's own code (a
     notebook cell, else a file outside this package and the installed libraries) -- inside the
@@ -274,6 +290,9 @@ def where(exc: BaseException) -> str:
 
     from .origin import _in_notebook, learners_frame, shown_path
 
+    compiled = _compiled_kernel_line(exc)
+    if compiled:
+        return compiled
     found = learners_frame(exc)
     if found is None:
         return ""
