@@ -92,8 +92,10 @@ def _edge_slips(i, j, left: int, right: int) -> dict:
         out["window_edge_sign:left_reversed"] = (j >= left - i) & right_ok
     if right >= 0:               # seen |= (right edge): the right edge hides nothing
         out["window_or:right"] = left_ok | (j <= i + right) if left >= 0 else everything
-    if left >= 0:                # seen |= (left edge) on a mask of ones: only the right edge is left
-        out["window_or:left"] = right_ok
+    if left >= 0:                # the left limit lost: seen = (right edge) overwrote it, or |= on ones
+        out["window_side_lost:left"] = right_ok
+    if right >= 0:
+        out["window_side_lost:right"] = left_ok
     truthy_left = (j >= i - left) if left != 0 else everything
     truthy_right = (j <= i + right) if right != 0 else everything
     out["window_empty"] = torch.zeros_like(everything)     # torch.zeros to start, then &=: nothing is ever seen
@@ -270,7 +272,7 @@ def _heads_first(t):
 
 def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
                  scale=None, sliced_mask=False, reshape_heads=False, mask_p=None,
-                 masks_swapped=False, one_head_mask=False) -> dict:
+                 masks_swapped=False, one_head_mask=False, stop_at_empty=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
@@ -280,7 +282,8 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
     reshape, which reorders the elements, where a transpose belongs), ``mask_p`` (the dropout mask drawn
     with this probability), ``masks_swapped`` (the window's mask and the dropout mask handed to
     the per-sequence backward in each other's place), ``one_head_mask`` (each sequence's mask drawn
-    for one head and broadcast over all)."""
+    for one head and broadcast over all), ``stop_at_empty`` (the loop leaves at the first empty
+    sequence: ``break`` where ``continue`` belongs)."""
     case = x.case
     H = x.q.shape[1]
     heads = (lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])) if reshape_heads else _heads_first
@@ -291,6 +294,8 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
     dq, dk, dv = torch.zeros_like(x.q), torch.zeros_like(x.k), torch.zeros_like(x.v)
     for b, (qs, ks) in enumerate(zip(spans_q, spans_k)):
         S_q, S_k = qs.stop - qs.start, ks.stop - ks.start
+        if stop_at_empty and (S_q == 0 or S_k == 0):
+            break
         if window_slip is not None:
             seen = window_slips(S_q, S_k, case.window).get(window_slip)
             if seen is None:
@@ -367,6 +372,8 @@ def _variants(case: BeyondCase, x) -> dict:
             found["mask_one_head"] = packed_grads(x, one_head_mask=True)
     for name in window_slips(case.S_q, case.S_k, case.window):
         found[name] = packed_grads(x, window_slip=name)
+    if 0 in case.lens_q or 0 in case.lens_k:
+        found["stops_at_empty"] = packed_grads(x, stop_at_empty=True)
     found["keep_probability"] = packed_grads(x, mask_p=1.0 - case.dropout_p)   # at p = 0: nothing survives
     found["masks_swapped"] = packed_grads(x, masks_swapped=True)
     found["unscaled_scores"] = packed_grads(x, "unscaled_scores")

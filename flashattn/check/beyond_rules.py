@@ -67,6 +67,10 @@ _slip_rule("window_empty", "the mask is False everywhere: it starts empty",
 _slip_rule("window_elif", "the second side is tested with elif: it is skipped whenever the first applies",
            WINDOW_IDEA + " The two sides are independent conditions: two `if`s, each adding its own limit. "
            "`elif` runs the second only when the first did not.")
+_slip_rule("window_side_lost", "one side of the window is lost: the mask holds the other edge alone",
+           WINDOW_IDEA + " Each limited side takes keys *away* from the mask: seen &= (that edge). An "
+           "assignment (seen = ...) throws the first side's limit away, and |= on a mask of all True "
+           "adds nothing.")
 _slip_rule("window_guard_other", "one side's limit is guarded by the other side's test",
            WINDOW_IDEA + " Each limit is applied when *its own* side is limited: `if right >= 0:` guards "
            "j <= i + right, `if left >= 0:` guards j >= i - left (a copied `if` half changed?).")
@@ -128,6 +132,10 @@ _slip_rule("mask_one_head", "the dropout mask is drawn for one head and broadcas
            "dropout_mask(seed, H, S_q, S_k, p, ...) draws one mask per head of the sequence, heads numbered "
            "b * H ... b * H + H - 1: with a head count of 1 every head reuses the first head's mask.",
            kinds=("beyond",))
+_slip_rule("stops_at_empty", "the loop over the sequences stops at an empty one",
+           "A packed batch may hold a sequence of length 0: it has nothing to compute, but the sequences "
+           "after it still do. Skip it (`continue`), don't leave the loop (`break`) -- or let the empty "
+           "slices run, which computes nothing.", kinds=("beyond",))
 _slip_rule("keep_probability", "the dropout mask is drawn with the keep probability 1 - p",
            "dropout_mask(seed, H, S_q, S_k, p, ...) takes the *drop* probability p, the dropout_p the "
            "forward used: it returns Z, True where an element survives (with probability 1 - p). Hand it "
