@@ -75,6 +75,8 @@ EDITS = [
     ("02o", "(m + torch.log(l)).squeeze(-1)", "(m + torch.log(l)).squeeze()", "shape", "squeeze(-1)"),
     ("02o", "for start in range(0, S_k, block_n):", "for start in range(0, S_k + 1, block_n):", "exception",
      "over an empty tensor"),
+    ("02o", "rows = torch.arange(S_q, device=q.device)[:, None]", "rows = torch.arange(S_k, device=q.device)[:, None]",
+     "exception", "rows [50, 1] from `rows = torch.arange(S_k, device=q.device)[:, None]`"),
     ("02o", "l = l * alpha + p.sum(dim=-1, keepdim=True)", "l = (l + p.sum(dim=-1, keepdim=True)) * alpha",
      "online_l_rescales_new", "rescaled too"),
     ("02o", "vb = v[:, :, start:start + block_n].float()", "vb = k[:, :, start:start + block_n].float()",

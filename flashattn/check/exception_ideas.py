@@ -210,7 +210,10 @@ def _specific_idea(r, sources: list = ()):
             return ("The mask does not have the scores' shape: it must be [S_q, S_k] (query rows first, "
                     f"keys last; S_q = {S_q}, S_k = {S_k} here), not its lengths swapped or one length used "
                     f"twice.{got}")
-        if rows:
+        # the transpose story only where the line's own tensors show one the other way round (with
+        # no tensors to read, as before); otherwise the sizes idea lists them with their origins
+        flipped = any(sh[-2:] == (S_k, S_q) for sh in shapes.values() if len(sh) >= 2)
+        if rows and (flipped or not shapes):
             return ("An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed. Write "
                     "down each product's shape: S and P [S_q, S_k]; dP = dO V^T is [S_q, S_k] "
                     "(not V dO^T); dV = P^T dO and dK = dS^T Q need the transpose.")
