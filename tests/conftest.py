@@ -120,6 +120,26 @@ def solution(tmp_path, exercise, edit=None):
     return module
 
 
+def _checks():
+    from flashattn import check
+    return {
+        "01": lambda m, **kw: run_checker(check.attention_backward, m.attention_backward, **kw),
+        "02p": lambda m, **kw: run_checker(check.rebuild_p, m.rebuild_p, **kw),
+        "02o": lambda m, **kw: run_checker(check.online_softmax, m.online_softmax_forward, **kw),
+        "03": lambda m, **kw: run_checker(check.dq_kernel, m.launch_dq, gqa=True, **kw),
+        "04": lambda m, **kw: run_checker(check.dkdv_kernel, m.launch_dkdv, gqa=True, **kw),
+        "05": lambda m, **kw: run_checker(check.autograd_function, m.my_flash_attention, **kw),
+        "07": lambda m, **kw: run_checker(check.lazy_backward, m.lazy_backward_one_head, **kw),
+        "09m": lambda m, **kw: run_checker(check.window_mask, m.visible_mask, **kw),
+        "09b": lambda m, **kw: run_checker(check.beyond_backward, m.packed_backward, **kw),
+    }
+
+
+#: exercise -> its checker run on a loaded solution module (``solution``): the call each exercise
+#: notebook makes, with raise_on_fail and show off
+SOLUTION_CHECKS = _checks()
+
+
 def assert_hint(result, hint):
     assert not result.ok, "the planted bug went unnoticed:\n" + result.report()
     assert result.hint_ids == [hint], f"expected [{hint}], got {result.hint_ids}\n" + result.report()

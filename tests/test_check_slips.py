@@ -20,23 +20,10 @@ The diagnoses and what they read:
                       probability for the drop one, the two masks swapped
 """
 import pytest
-import torch
 
-from flashattn import check
+from conftest import SOLUTION_CHECKS, assert_clean, assert_hint, solution
 
-from conftest import assert_clean, assert_hint, run_checker, solution
-
-CHECKS = {
-    "01": lambda m, **kw: run_checker(check.attention_backward, m.attention_backward, **kw),
-    "02p": lambda m, **kw: run_checker(check.rebuild_p, m.rebuild_p, **kw),
-    "02o": lambda m, **kw: run_checker(check.online_softmax, m.online_softmax_forward, **kw),
-    "03": lambda m, **kw: run_checker(check.dq_kernel, m.launch_dq, gqa=True, **kw),
-    "04": lambda m, **kw: run_checker(check.dkdv_kernel, m.launch_dkdv, gqa=True, **kw),
-    "05": lambda m, **kw: run_checker(check.autograd_function, m.my_flash_attention, **kw),
-    "07": lambda m, **kw: run_checker(check.lazy_backward, m.lazy_backward_one_head, **kw),
-    "09m": lambda m, **kw: run_checker(check.window_mask, m.visible_mask, **kw),
-    "09b": lambda m, **kw: run_checker(check.beyond_backward, m.packed_backward, **kw),
-}
+CHECKS = SOLUTION_CHECKS
 
 
 def _load(tmp_path, exercise, edit=None):

@@ -51,6 +51,16 @@ def _calls(src: str, name: str) -> list:
     return out
 
 
+def _first_found(ctx, find):
+    """(src, what ``find(src)`` found) for the first of the learner's sources where it finds
+    something (a non-empty list, a match), or (None, None)."""
+    for src in ctx.sources:
+        found = find(src)
+        if found:
+            return src, found
+    return None, None
+
+
 def _line_of(src: str, needle: str) -> str:
     return next((line.split("#")[0].strip() for line in src.splitlines() if needle in line), needle)
 
@@ -111,11 +121,8 @@ def _loop_mixing_units(src: str):
 def _loop_units(ctx):
     if any(r.error is not None for r in ctx.failing):
         return None
-    for src in ctx.sources:
-        text = _loop_mixing_units(src)
-        if text:
-            return f"`{_line_of(src, text)}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
-    return None
+    src, text = _first_found(ctx, _loop_mixing_units)
+    return f"`{_line_of(src, text)}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if text else None
 
 
 _DOT_TRANS = re.compile(r"tl\.dot\(\s*(\w+)\s*,\s*tl\.trans\(\s*(\w+)\s*\)")
@@ -145,13 +152,11 @@ def _scores_tile(src: str, kind: str):
       "the scores in the orientation the rest of your kernel uses (with square blocks the shapes "
       "agree and nothing raises: every value is just read across the diagonal).", kinds=("dq", "dkdv"))
 def _scores_orientation(ctx):
-    for src in ctx.sources:
-        found = _scores_tile(src, ctx.kind)
-        if found:
-            line, built, wanted, lse = found
-            return (f"`{line}` builds {built}, but the kernel reads the LSE as {lse}, which belongs to "
-                    f"{wanted}; {ctx.tensor_pattern()}")
-    return None
+    _, found = _first_found(ctx, lambda src: _scores_tile(src, ctx.kind))
+    if not found:
+        return None
+    line, built, wanted, lse = found
+    return f"`{line}` builds {built}, but the kernel reads the LSE as {lse}, which belongs to {wanted}; {ctx.tensor_pattern()}"
 
 
 # --------------------------------------------------------------------------------------
@@ -191,12 +196,11 @@ def _stride_axis_slips(src: str) -> list:
       "Swapped, a contiguous tensor is read across its rows instead of along them -- and where the "
       "strides happen to agree nothing shows.", kinds=("dq", "dkdv"))
 def _stride_axes(ctx):
-    for src in ctx.sources:
-        lines = _stride_axis_slips(src)
-        if lines:
-            shown = "; ".join(f"`{line}`" for line in lines[:2])
-            return f"{shown} pairs a row offset with a head-dim stride (or the reverse); {ctx.tensor_pattern()}"
-    return None
+    _, lines = _first_found(ctx, _stride_axis_slips)
+    if not lines:
+        return None
+    shown = "; ".join(f"`{line}`" for line in lines[:2])
+    return f"{shown} pairs a row offset with a head-dim stride (or the reverse); {ctx.tensor_pattern()}"
 
 
 # --------------------------------------------------------------------------------------
@@ -271,12 +275,11 @@ def _mask_slips(src: str) -> list:
       "where they differ.",
       kinds=("dq", "dkdv"))
 def _address_terms(ctx):
-    for src in ctx.sources:
-        slips = _address_slips(src) + _mask_slips(src)
-        if slips:
-            shown = "; ".join(f"`{line}`: {what}" for line, what in slips[:2])
-            return f"{shown}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
-    return None
+    _, slips = _first_found(ctx, lambda src: _address_slips(src) + _mask_slips(src))
+    if not slips:
+        return None
+    shown = "; ".join(f"`{line}`: {what}" for line, what in slips[:2])
+    return f"{shown}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
 
 
 # --------------------------------------------------------------------------------------
@@ -350,11 +353,8 @@ def unused_assignments(ctx) -> list:
       "masked) leaves that result unmasked. Only the methods ending in _ (masked_fill_, mul_) "
       "change a tensor in place.")
 def _discarded_value(ctx):
-    for src in ctx.sources:
-        lines = _discarded(src)
-        if lines:
-            return f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}"
-    return None
+    lines = unused_assignments(ctx)
+    return f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}" if lines else None
 
 
 # --------------------------------------------------------------------------------------
@@ -368,13 +368,14 @@ _INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S
       "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
       kinds=("dq", "dkdv"))
 def _bound_inclusive(ctx):
-    for src in ctx.sources:
-        for line in src.splitlines():
-            code = line.split("#")[0]
-            m = _INCLUSIVE.search(code)
-            if m:
-                return f"`{code.strip()}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
-    return None
+    _, line = _first_found(ctx, _inclusive_bound)
+    return f"`{line}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
+
+
+def _inclusive_bound(src: str):
+    """The first code line (comments dropped) with a mask like offs_m <= S_q, or None."""
+    return next((code.strip() for code in (line.split("#")[0] for line in src.splitlines())
+                 if _INCLUSIVE.search(code)), None)
 
 
 # --------------------------------------------------------------------------------------
@@ -401,11 +402,8 @@ def _zero_divisions(src: str) -> list:
 def _divide_by_index(ctx):
     if not any(not t.finite for r in ctx.failing for t in r.tensors.values()):
         return None
-    for src in ctx.sources:
-        lines = _zero_divisions(src)
-        if lines:
-            return f"`{lines[0]}`; {ctx.tensor_pattern()}"
-    return None
+    _, lines = _first_found(ctx, _zero_divisions)
+    return f"`{lines[0]}`; {ctx.tensor_pattern()}" if lines else None
 
 
 # --------------------------------------------------------------------------------------
