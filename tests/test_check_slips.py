@@ -18,6 +18,17 @@ The diagnoses and what they read:
   lesson 09           a window edge with the other side's width, a sign slip, | for &, a side
                       tested by truthiness, an empty start; slices one row short, the keep
                       probability for the drop one, the two masks swapped
+  one line's slip     scores divided by the scale, the scale on the LSE too, a causal comparison
+                      without the diagonal, delta summed over axis -2, block numbers used as
+                      positions, a constant handed to apply, a loop that never reads its
+                      variable, h_kv + g for a group's query head, a mask along the other axis,
+                      an index times another axis' stride (formula_rules.py, code_rules.py)
+  shapes by name      an output transposed, shaped like another input, or a size from another
+                      length ([H, L] where [H, W + 1] belongs); an exception's operands by their
+                      sizes' names: a call given one length twice, a position vector from the
+                      wrong length, the transposed operand and the line that made it, the
+                      transpose that makes A @ B chain, the operand that missed its cast, a
+                      sequence's tensors with the heads last (shape_names.py, exception_ideas.py)
 """
 import pytest
 
@@ -45,7 +56,7 @@ EDITS = [
     ("01", "delta = (do * o).sum(dim=-1, keepdim=True)", "delta = (do * o).sum(dim=-2, keepdim=True)",
      "exception", "from `delta = (do * o).sum(dim=-2, keepdim=True)`"),
     ("01", "dS = P * (dP - delta)", "dS = P @ (dP - delta).transpose(-1, -2)", "exception",
-     "from `dS = P @ (dP - delta).transpose(-1, -2)`"),
+     "dS is made by `dS = P @ (dP - delta).transpose(-1, -2)`"),
     # ---- 02: rebuilding P, the online softmax
     ("02p", "S = (q @ k.transpose(-1, -2)) * scale", "S = (q * scale) @ (k * scale).transpose(-1, -2)",
      "scale_twice", "scale^2"),
@@ -63,7 +74,7 @@ EDITS = [
     ("02o", "for start in range(0, S_k, block_n):", "for start in range(0, S_k + 1, block_n):", "exception",
      "over an empty tensor"),
     ("02o", "rows = torch.arange(S_q, device=q.device)[:, None]", "rows = torch.arange(S_k, device=q.device)[:, None]",
-     "exception", "rows [50, 1] from `rows = torch.arange(S_k, device=q.device)[:, None]`"),
+     "exception", "rows [S_k, 1] from `rows = torch.arange(S_k, device=q.device)[:, None]` has 50 entries"),
     ("02o", "l = l * alpha + p.sum(dim=-1, keepdim=True)", "l = (l + p.sum(dim=-1, keepdim=True)) * alpha",
      "online_l_rescales_new", "rescaled too"),
     ("02o", "vb = v[:, :, start:start + block_n].float()", "vb = k[:, :, start:start + block_n].float()",
@@ -166,6 +177,44 @@ EDITS = [
      "keep_probability", "keep probability 1 - p"),
     ("09b", "lse[qs].T, keep, dropout_p, seen, scale)", "lse[qs].T, seen, dropout_p, keep, scale)",
      "masks_swapped", "in each other's place"),
+    # ---- set K's misses: the line that says it, shapes by their sizes' names
+    ("02p", "S = (q @ k.transpose(-1, -2)) * scale", "S = (q @ k.transpose(-1, -2)) / scale",
+     "scale_divides", "S = (q @ k.transpose(-1, -2)) / scale"),
+    ("09b", "P = torch.exp(q @ k.transpose(-1, -2) * scale - lse[..., None])",
+     "P = torch.exp((q @ k.transpose(-1, -2) - lse[..., None]) * scale)", "scale_on_lse", "scales the LSE a second time"),
+    ("07", "causal = i[None, :] <= i[:, None]", "causal = i[None, :] < i[:, None]", "causal_strict",
+     "the keys seen are j < i"),
+    ("07", "delta = (P * dP).sum(-1, keepdim=True)", "delta = (P * dP).sum(-2, keepdim=True)", "delta_axis",
+     "delta = (P * dP).sum(-2, keepdim=True)"),
+    ("02o", "for start in range(0, S_k, block_n):", "for start in range(S_k // block_n):",
+     "block_numbers_as_positions", "with `kb = k[:, :, start:start + block_n].float()`"),
+    ("05", "return FlashAttention.apply(q, k, v, causal, scale)", "return FlashAttention.apply(q, k, v, False, scale)",
+     "apply_constant", "passes False where forward takes causal"),
+    ("03", "lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h",
+     "lse_base = LSE + b.to(tl.int64) * stride_lse_h + h.to(tl.int64) * stride_lse_b", "address_terms",
+     "the batch index goes with the batch stride, stride_lse_b"),
+    ("03", "offs_n = start_n + tl.arange(0, BLOCK_N)", "offs_n = tl.arange(0, BLOCK_N)", "loop_variable_unused",
+     "the body never reads start_n"),
+    ("04", "h = h_kv * GROUP_SIZE + g", "h = h_kv + g", "group_head_index", "`h = h_kv + g`"),
+    ("04", "visible = row_ok[None, :] & col_ok[:, None]", "visible = row_ok[:, None] & col_ok[None, :]", "mask_axes",
+     "`row_ok[:, None]` lines the query rows up with the other axis"),
+    ("01", "dv = P.transpose(-1, -2) @ do", "dv = do.transpose(-1, -2) @ P", "shape", "dV comes out transposed"),
+    ("09m", "    return seen\n", "    return seen.T\n", "shape", "The mask comes out transposed"),
+    ("09b", "torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)",
+     "torch.zeros_like(q), torch.zeros_like(q), torch.zeros_like(v)", "shape",
+     "dk is [total_q, H, D], the shape of q, where [total_k, H, D] belongs"),
+    ("07", "for d in range(W + 1)])", "for d in range(min(W, L - 1) + 1)])", "shape",
+     "dBias is [H, L] where [H, W + 1] belongs"),
+    ("01", "causal_mask(S.shape[-2], S.shape[-1], S.device)", "causal_mask(S.shape[-1], S.shape[-1], S.device)",
+     "exception", "is given the same length twice"),
+    ("01", "dP = do @ v.transpose(-1, -2)", "dP = v @ do.transpose(-1, -2)", "exception",
+     "dP [1, H, S_k, S_q], from `dP = v @ do.transpose(-1, -2)`, is the transpose"),
+    ("01", "dk = (dS.transpose(-1, -2) @ q) * scale", "dk = (dS @ q) * scale", "exception",
+     "It chains with dS with a transpose: dS^T @ q"),
+    ("02o", "vb = v[:, :, start:start + block_n].float()", "vb = v[:, :, start:start + block_n]", "exception",
+     "vb is torch.float16"),
+    ("09b", "heads = lambda t: t.transpose(0, 1)", "heads = lambda t: t.transpose(1, 2)", "exception",
+     "has the heads last, [S, D, H]"),
 ]
 
 

@@ -209,6 +209,9 @@ def _stride_axes(ctx):
 _BASE = re.compile(r"^\s*(\w+?)_base\s*=\s*(\w+)\s*\+")
 _LOAD = re.compile(r"tl\.(?:load|store)\(\s*(\w+?)(?:_base|_ptrs?)?\s*\+")
 _TERM = re.compile(r"(\w+)(?:\.to\(\s*tl\.int64\s*\))?\s*\*\s*stride_([a-z]+)_([bhsd])\b")
+_INDEX_AXIS = {"b": "b", "batch": "b", "h": "h", "h_kv": "h", "head": "h", "offs_m": "s", "offs_n": "s",
+               "offs_d": "d"}
+_AXIS_NAME = {"b": "batch", "h": "head", "s": "sequence", "d": "head-dim"}
 _QUERY_SIDE = {"q", "do", "lse", "delta", "dq", "o"}
 _KV_SIDE = {"k", "v", "dk", "dv"}
 
@@ -238,7 +241,12 @@ def _address_slips(src: str) -> list:
             elif tensor in _KV_SIDE and offsets == {"m"}:
                 out.append((code.strip(), f"{tensor} holds a value per key but is addressed at the query rows offs_m"))
         for var, owner, axis in _TERM.findall(code):
-            if owner != tensor and owner in _QUERY_SIDE | _KV_SIDE:
+            index_axis = _INDEX_AXIS.get(var.lower())
+            if index_axis and index_axis != axis and owner == tensor:
+                out.append((code.strip(), f"{var} is multiplied by stride_{owner}_{axis}: the {_AXIS_NAME[index_axis]} "
+                                          f"index goes with the {_AXIS_NAME[index_axis]} stride, "
+                                          f"stride_{owner}_{index_axis}"))
+            elif owner != tensor and owner in _QUERY_SIDE | _KV_SIDE:
                 out.append((code.strip(), f"{tensor}'s address uses stride_{owner}_{axis}, {owner}'s stride"))
             elif axis == "h" and tensor in _QUERY_SIDE and ("kv" in var.lower() or var in ("g", "group")):
                 what = "the K/V head" if "kv" in var.lower() else "the index inside the group"
@@ -278,7 +286,10 @@ def _address_terms(ctx):
     _, slips = _first_found(ctx, lambda src: _address_slips(src) + _mask_slips(src))
     if not slips:
         return None
-    shown = "; ".join(f"`{line}`: {what}" for line, what in slips[:2])
+    by_line: dict = {}
+    for line, what in slips:
+        by_line.setdefault(line, []).append(what)
+    shown = "; ".join(f"`{line}`: {'; '.join(whats)}" for line, whats in list(by_line.items())[:2])
     return f"{shown}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
 
 
@@ -419,3 +430,4 @@ def low_dtype_casts(ctx) -> list:
         out += [line.split("#")[0].strip() for line in src.splitlines()
                 if _LOW_CAST.search(line) and not line.strip().startswith("#")]
     return out
+

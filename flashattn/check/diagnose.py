@@ -12,12 +12,11 @@ the pattern. When no rule fits, the diagnosis says what pattern was seen rather 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .battery import BLOCKS, Case, padded_head_dim
-from .results import CaseResult, Diagnosis
+from .results import Diagnosis
 
 # --------------------------------------------------------------------------------------
 # case properties

@@ -6,27 +6,36 @@ from __future__ import annotations
 
 import linecache
 import re
-from pathlib import Path
 from typing import Optional
 
 import torch
+
+from .shape_names import said, size_names, symbolic
 
 _SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
                     r"(?: at non-singleton dimension (\d+))?")
 
 
-def _line_tensors(exc: BaseException) -> dict:
-    """name -> tensor, for the tensors named on the line of the learner's code that raised (the
-    innermost frame outside this package and the installed libraries), from that frame's
-    variables: what the error's sizes belong to, instead of a guess."""
+def _learners_line(exc: BaseException):
+    """(frame, line number, the line's text, the names on it) of the line of the learner's code
+    that raised -- the innermost frame outside this package and the installed libraries -- or
+    None. The frame's variables say what the error's sizes belong to, instead of a guess."""
     from .origin import learners_frame
 
-    frame = learners_frame(exc)
-    if frame is None:
-        return {}
-    f, lineno = frame
+    found = learners_frame(exc)
+    if found is None:
+        return None
+    f, lineno = found
     line = linecache.getline(f.f_code.co_filename, lineno)
-    names = dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line))
+    return f, lineno, line, list(dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line)))
+
+
+def _line_tensors(exc: BaseException) -> dict:
+    """name -> tensor, for the tensors named on the learner's line that raised."""
+    found = _learners_line(exc)
+    if found is None:
+        return {}
+    f, _, _, names = found
     return {n: f.f_locals[n] for n in names if isinstance(f.f_locals.get(n), torch.Tensor)}
 
 
@@ -37,15 +46,12 @@ def _shapes(exc: BaseException) -> dict:
 def _tile_shapes(exc: BaseException) -> dict:
     """name -> shape of the Triton tiles named on the kernel line that raised (the interpreter
     runs the kernel as Python, so its frame holds them), e.g. {'q': (32, 16), 'k': (32, 16)}."""
-    from .origin import learners_frame
-
-    found = learners_frame(exc)
+    found = _learners_line(exc)
     if found is None:
         return {}
-    f, lineno = found
-    line = linecache.getline(f.f_code.co_filename, lineno)
+    f, _, _, names = found
     out = {}
-    for n in dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line)):
+    for n in names:
         value = f.f_locals.get(n)
         shape = getattr(value, "shape", None)     # a tuple of constexpr (Triton's own tuple type)
         if value is None or isinstance(value, torch.Tensor) or not shape:
@@ -125,13 +131,11 @@ def _autograd_idea(r, sources: list) -> Optional[str]:
 
 def _used_before_assigned(r) -> Optional[str]:
     """UnboundLocalError for a name the function assigns only *below* the line that used it."""
-    from .origin import learners_frame
-
     m = re.search(r"local variable '(\w+)'", str(r.error))
-    found = learners_frame(r.error) if m else None
+    found = _learners_line(r.error) if m else None
     if not found:
         return None
-    f, lineno = found
+    f, lineno, _, _ = found
     name, path = m.group(1), f.f_code.co_filename
     assign = re.compile(rf"^\s*(?:[\w\s,]*,\s*)?{name}\s*(?:,[\w\s,]*)?=(?!=)")
     for n in range(lineno + 1, lineno + 60):
@@ -152,13 +156,21 @@ def _specific_idea(r, sources: list = ()):
     if plumbing:
         return plumbing
     if re.search(r"cannot be multiplied|size mismatch|Expected size for first two dimensions", message) and "@" in line:
-        shapes = _shapes(r.error)
+        shapes, names = _shapes(r.error), size_names(c)
         same = [n for n, sh in shapes.items() if list(shapes.values()).count(sh) > 1 and len(sh) >= 2]
-        if len(same) >= 2 and shapes[same[0]][-1] != shapes[same[0]][-2]:
+        # alike by their sizes' names too: [S_q, D] and [S_q, S_k] are not alike where S_k = D
+        if len(same) >= 2 and shapes[same[0]][-1] != shapes[same[0]][-2] and \
+                all(isinstance(x, str) for x in symbolic(shapes[same[0]][-2:], names)):
             return (f"A matrix product (@) of two tensors shaped alike ({', '.join(same)}: "
-                    f"{list(shapes[same[0]])}): where both are [S_q, S_k] the formula wants the elementwise "
+                    f"{said(shapes[same[0]], names)}): where both are [S_q, S_k] the formula wants the elementwise "
                     f"product (*), as in dS = P * (dP - delta). @ runs only where the shapes happen to "
                     f"chain (S_q = S_k), and is wrong there.")
+        product = _product_idea(r.error, line, shapes, names)
+        if product:
+            return product
+    dtypes = _dtype_idea(r)
+    if dtypes:
+        return dtypes
     dot = _dot_idea(r)
     if dot:
         return dot
@@ -205,6 +217,15 @@ def _specific_idea(r, sources: list = ()):
             return ("The mask is built with its two lengths swapped: it must be [S_q, S_k] like "
                     "the scores (query rows first), and its two sizes met S_q and S_k the wrong way "
                     f"round here ({m.group(1)} vs {m.group(2)}).")
+        twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", line)
+        if twice:
+            return (f"`{twice.group(1)}({twice.group(2)}, {twice.group(2)}, ...)` is given the same length "
+                    f"twice: it builds a square [{twice.group(2)}, {twice.group(2)}] where the scores are "
+                    f"[S_q, S_k] = [{S_q}, {S_k}]. The rows count the queries (S.shape[-2]), the columns the "
+                    f"keys (S.shape[-1]).")
+        built = _built_from_wrong_length(r.error, shapes, sizes, size_names(c))
+        if built:
+            return built
         if masks or ("mask" in line and not shapes and not rows):
             got = "".join(f" {n} is {list(sh)}." for n, sh in masks.items())
             return ("The mask does not have the scores' shape: it must be [S_q, S_k] (query rows first, "
@@ -212,11 +233,94 @@ def _specific_idea(r, sources: list = ()):
                     f"twice.{got}")
         # the transpose story only where the line's own tensors show one the other way round (with
         # no tensors to read, as before); otherwise the sizes idea lists them with their origins
-        flipped = any(sh[-2:] == (S_k, S_q) for sh in shapes.values() if len(sh) >= 2)
+        flipped = [n for n, sh in shapes.items() if len(sh) >= 2 and sh[-2:] == (S_k, S_q)]
         if rows and (flipped or not shapes):
-            return ("An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed. Write "
-                    "down each product's shape: S and P [S_q, S_k]; dP = dO V^T is [S_q, S_k] "
-                    "(not V dO^T); dV = P^T dO and dK = dS^T Q need the transpose.")
+            made = _made_by(r.error, flipped[:1])
+            which = (f"{flipped[0]} {said(shapes[flipped[0]], size_names(c))}"
+                     + (f", from `{made[flipped[0]]}`," if flipped[0] in made else "")
+                     + " is the transpose of the [S_q, S_k] it meets here" if flipped else
+                     "An [S_k, S_q] matrix met an [S_q, S_k] one: one operand is transposed")
+            return (f"{which}. Write down each product's shape: S and P [S_q, S_k]; dP = dO V^T is "
+                    f"[S_q, S_k] (not V dO^T); dV = P^T dO and dK = dS^T Q need the transpose.")
+    return None
+
+
+_PER_HEAD = {"q", "k", "v", "o", "do", "dq", "dk", "dv"}
+_TRANSPOSED = r"(?:\.transpose\(\s*-[12]\s*,\s*-[12]\s*\)|\.mT)"
+_MATMUL = re.compile(rf"(?<![\w.])(\w+)({_TRANSPOSED}?)\s*\)?\s*@\s*\(?\s*(\w+)({_TRANSPOSED}?)(?![\w(\[.])")
+
+
+def _product_idea(exc, line: str, shapes: dict, names: dict) -> Optional[str]:
+    """A @ B on the line whose inner sizes differ: the operands' shapes by name, and the one
+    change that makes it chain -- a transpose added or dropped, or the order swapped."""
+    for m in _MATMUL.finditer(line):
+        a, ta, b, tb = m.groups()
+        if len(shapes.get(a, ())) < 2 or len(shapes.get(b, ())) < 2:
+            continue
+        flip = lambda sh: list(sh[:-2]) + [sh[-1], sh[-2]]   # noqa: E731
+        sa = flip(shapes[a]) if ta else list(shapes[a])
+        sb = flip(shapes[b]) if tb else list(shapes[b])
+        if sa[-1] == sb[-2]:
+            continue
+        A, B = a + ("^T" if ta else ""), b + ("^T" if tb else "")
+        made = _made_by(exc, [a, b])
+        origins = "".join(f" {n} is made by `{made[n]}`." for n in (a, b) if n in made)
+        square = next((n for n, sh in ((a, sa), (b, sb)) if sh[-1] == sh[-2] and
+                       symbolic(sh[-2:], names)[0] in ("S_q", "S_k")), None)
+        if square:       # [S_q, S_q]: no quantity of attention has that shape -- it was made wrong
+            side = symbolic(shapes[square][-1:], names)[0]
+            return (f"{A} @ {B} does not chain: {A} is {said(sa, names)} and {B} is {said(sb, names)}. {square} is "
+                    f"[{side}, {side}], a shape no quantity of attention has (S, P, dP, dS are [S_q, S_k]): it was "
+                    f"made wrong, by @ where the elementwise * belongs (dS = P * (dP - delta)) or a transpose too "
+                    f"many.{origins}")
+        if flip(sa)[-1] == sb[-2]:
+            fix = f"{a} {'without its' if ta else 'with a'} transpose: {a}{'' if ta else '^T'} @ {B}"
+        elif sa[-1] == flip(sb)[-2]:
+            fix = f"{b} {'without its' if tb else 'with a'} transpose: {A} @ {b}{'' if tb else '^T'}"
+        elif sb[-1] == sa[-2]:
+            fix = f"the operands in the other order: {B} @ {A}"
+        else:
+            continue
+        return (f"{A} @ {B} does not chain: {A} is {said(sa, names)} and {B} is {said(sb, names)}, so the inner "
+                f"sizes {sa[-1]} and {sb[-2]} differ. It chains with {fix}.{origins} Each product of the backward: "
+                f"dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q ([S_k, S_q] @ [S_q, D]).")
+    return None
+
+
+def _dtype_idea(r) -> Optional[str]:
+    """Two float dtypes on the line that raised a dtype error: the operands of the odd one out
+    (the lower precision: the one that missed its cast) and the line that made it."""
+    if not re.search(r"same dtype|dtype mismatch|expected scalar type|expected m1 and m2", str(r.error)):
+        return None
+    floats = {n: t.dtype for n, t in _line_tensors(r.error).items() if t.is_floating_point()}
+    kinds = set(floats.values())
+    if len(kinds) != 2:
+        return None
+    low, high = sorted(kinds, key=lambda d: d.itemsize)
+    odd = [n for n, d in floats.items() if d == low]
+    made = _made_by(r.error, odd)
+    where = f" (made by `{made[odd[0]]}`)" if odd[0] in made else ""
+    return (f"{', '.join(odd)} {'is' if len(odd) == 1 else 'are'} {low} while {'the rest' if len(floats) > 2 else 'the other'} "
+            f"of the line {'are' if len(floats) > 2 else 'is'} {high}{where}: {odd[0]} missed the cast its "
+            f"neighbours have. Compute in fp32 -- cast every input slice with .float() as it is taken -- and "
+            f"cast the results back with .to(q.dtype).")
+
+
+def _built_from_wrong_length(exc, shapes: dict, sizes: set, names: dict) -> Optional[str]:
+    """A position vector from torch.arange (one axis longer than 1) whose length is one of the
+    clashing sizes, beside an operand that holds the other one: built from the wrong length."""
+    made = _made_by(exc, shapes)
+    for n, sh in shapes.items():
+        long_axes = [d for d in sh if d != 1]
+        if "arange(" not in made.get(n, "") or len(long_axes) != 1 or long_axes[0] not in sizes:
+            continue
+        length, other = long_axes[0], next(iter(sizes - {long_axes[0]}))
+        meets = next((o for o, osh in shapes.items() if o != n and other in osh), None)
+        if meets is None:
+            continue
+        return (f"{n} {said(sh, names)} from `{made[n]}` has {length} entries, but on this line it meets {meets} "
+                f"{said(shapes[meets], names)}, whose axis there holds {other}: {n} is built from the wrong length. "
+                f"Query positions run over S_q, key positions over S_k.")
     return None
 
 
@@ -226,6 +330,13 @@ def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
     offsets, or P's key axis unlike the window's mask."""
     seen = shapes.get("seen")
     lens_q, lens_k = getattr(case, "lens_q", None), getattr(case, "lens_k", None)
+    H, D = getattr(case, "H", None), getattr(case, "D", None)
+    for name, sh in shapes.items():
+        # a sequence's q, k, v (...) are [H, S, D]: heads first; [S, D, H] is transpose(1, 2) of [S, H, D]
+        if lens_q and name.lower() in _PER_HEAD and len(sh) == 3 and H != D and sh[-1] == H and sh[0] != H:
+            return (f"{name} {list(sh)} has the heads last, [S, D, H] (H = {H}, D = {D}): one sequence's q, k, v, "
+                    f"o and dO are [H, S, D], heads first. The packed slice is [S, H, D], so it is transpose(0, 1) "
+                    f"that moves the heads first; transpose(1, 2) swaps H and D.")
     if seen is not None and len(seen) == 2 and lens_q:
         ends = list(zip(_cumulative(lens_q), _cumulative(lens_k)))
         if seen in ends and seen not in list(zip(lens_q, lens_k)):
@@ -253,12 +364,10 @@ def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
 def _made_by(exc: BaseException, names) -> dict:
     """name -> the line of the learner's function that last assigned it before the line that
     raised (where a wrong shape was made, often a line or two above where it is used)."""
-    from .origin import learners_frame
-
-    found = learners_frame(exc)
+    found = _learners_line(exc)
     if found is None:
         return {}
-    f, lineno = found
+    f, lineno, _, _ = found
     path, first = f.f_code.co_filename, f.f_code.co_firstlineno
     out = {}
     for name in names:
@@ -392,6 +501,9 @@ def exception_idea(raised: list, sep, sources: list = ()) -> Optional[str]:
     """The idea for the exceptions in ``raised`` (case results); ``sep``: the property that sets
     the raising cases apart, as :func:`flashattn.check.diagnose.separating` gives it;
     ``sources``: the learner's source texts."""
+    # a case whose sizes all differ first: there every size in the story has one name
+    distinct = lambda r: len({getattr(r.case, a, None) for a in ("S_q", "S_k", "D")}) == 3   # noqa: E731
+    raised = sorted(raised, key=lambda r: not distinct(r))
     idea = next((i for i in (_specific_idea(r, sources) for r in raised) if i), None)
     if idea:
         return idea

@@ -73,6 +73,8 @@ def learner_sources(fn) -> list:
         obj = glb.get(name)
         if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
             found.append(obj)
+        elif inspect.isfunction(obj) and obj is not f and _learners_own(obj, pkg_dir):
+            found.append(obj)         # a helper of the learner's (sequence_backward beside packed_backward)
     out = []
     for obj in found:
         for part in _parts(obj):
@@ -86,6 +88,15 @@ def learner_sources(fn) -> list:
             if text not in out:
                 out.append(text)
     return out
+
+
+def _learners_own(fn, pkg_dir: Path) -> bool:
+    """Whether a plain function was written by the learner: not this package's, not a library's."""
+    try:
+        path = Path(inspect.getsourcefile(fn) or "").resolve()
+    except TypeError:
+        return False
+    return pkg_dir not in path.parents and not ({"site-packages", "dist-packages"} & set(path.parts))
 
 
 def _parts(obj) -> list:

@@ -22,6 +22,7 @@ from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
+from .shape_names import shape_story
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -142,10 +143,13 @@ def _shape(ctx):
                          "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
                          "return o, and put what the backward needs besides (the LSE) into "
                          "ctx.save_for_backward.")
-    m = re.search(r"(\w+) has shape \(([\d, ]+)\), expected \(([\d, ]+)\)", message)
+    m = re.search(r"(\w+) has shape \(([\d, ]+)\), expected (?:\[[\w, ]+\] = )?[(\[]([\d, ]+)[)\]]", message)
     if m:
         got = [int(x) for x in m.group(2).split(",") if x.strip()]
         want = [int(x) for x in m.group(3).split(",") if x.strip()]
+        story = shape_story(m.group(1), got, want, r.case)
+        if story:
+            return message, story
         off = [(i, g - w) for i, (g, w) in enumerate(zip(got, want)) if g != w] if len(got) == len(want) else []
         if len(off) == 1 and abs(off[0][1]) == 1:
             i, d = off[0]
@@ -568,6 +572,9 @@ def _mask_hides_diagonal(ctx):
 
 
 add_structure_rules("mask_plus_inf")
+
+
+from . import formula_rules  # noqa: E402,F401  (one line's slip: after the fingerprints, before the symptoms)
 
 
 @rule("nan", "NaN computed inside your code",

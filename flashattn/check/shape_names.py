@@ -1,0 +1,105 @@
+"""Shapes said with the names of their sizes: [B, H, S_q, D] instead of [1, 2, 23, 32].
+
+A learner reads "dk has shape (15, 2, 8), expected (14, 2, 8)" as a riddle; "dk is [total_q, H, D],
+shaped like q, where [total_k, H, D] belongs" as the answer. A case's sizes are chosen different
+from each other where the checkers can (S_q != S_k, D apart from both), so most sizes have one
+name; a size with two names (S_k = D = 32) stays a number rather than a guess.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def size_names(case) -> dict:
+    """size -> the names it may stand for in ``case`` (a battery, lazy, window or packed case)."""
+    names: dict = {}
+
+    def add(size, name):
+        if size and size > 1:
+            names.setdefault(int(size), [])
+            if name not in names[int(size)]:
+                names[int(size)].append(name)
+
+    if case is None:
+        return names
+    lens_q = getattr(case, "lens_q", ())
+    if lens_q:                                   # lesson 09's packed batch
+        add(sum(lens_q), "total_q")
+        add(sum(getattr(case, "lens_k", ()) or lens_q), "total_k")
+        add(case.H, "H")
+        add(case.D, "D")
+        return names
+    if hasattr(case, "taus"):                    # lazy attention: one head's [L, L] and W + 1 diagonals
+        add(case.S_q, "L")
+        add(case.W + 1, "W + 1")
+        add(case.H, "H")
+        add(case.D, "D")
+        return names
+    add(case.B, "B")
+    add(case.H, "H")
+    if getattr(case, "H_kv", None) not in (None, case.H):
+        add(case.H_kv, "H_kv")
+    add(case.S_q, "S_q")
+    add(case.S_k, "S_k")
+    if hasattr(case, "window"):                  # a window mask: [S_q, S_k] only
+        return names
+    add(case.D, "D")
+    return names
+
+
+def symbolic(shape, names: dict) -> list:
+    """Each size by its one name, else the number: [1, 2, 'S_q', 'D']."""
+    out = []
+    for n in shape:
+        said = names.get(int(n), [])
+        out.append(said[0] if len(said) == 1 else int(n))
+    return out
+
+
+def said(shape, names: dict) -> str:
+    return "[" + ", ".join(str(x) for x in symbolic(shape, names)) + "]"
+
+
+def input_shapes(case) -> dict:
+    """name -> shape of the checker's inputs for ``case`` (q, k, v as handed over)."""
+    lens_q = getattr(case, "lens_q", ())
+    if lens_q:
+        total_q, total_k = sum(lens_q), sum(getattr(case, "lens_k", ()) or lens_q)
+        return {"q": (total_q, case.H, case.D), "k": (total_k, case.H, case.D), "v": (total_k, case.H, case.D)}
+    if hasattr(case, "taus") or hasattr(case, "window"):
+        return {}
+    H_kv = case.H if getattr(case, "H_kv", None) is None else case.H_kv
+    return {"q": (case.B, case.H, case.S_q, case.D), "k": (case.B, H_kv, case.S_k, case.D),
+            "v": (case.B, H_kv, case.S_k, case.D)}
+
+
+def shape_story(name: str, got, want, case) -> Optional[str]:
+    """Why output ``name`` came out ``got`` where ``want`` belongs, said with the sizes' names:
+    its last two axes swapped, the shape of another input, or a size from another length."""
+    names = size_names(case)
+    got, want = [int(x) for x in got], [int(x) for x in want]
+    if len(got) != len(want) or got == want:
+        return None
+    g, w = said(got, names), said(want, names)
+    if len(got) >= 2 and got[:-2] == want[:-2] and got[-2:] == want[-2:][::-1]:
+        if "mask" in name:
+            return (f"The {name} comes out transposed: {g} where {w} belongs, a row per key instead of a row "
+                    f"per query. Build it [S_q, S_k]: the query index as a column, i[:, None], the key index "
+                    f"as a row, j[None, :] -- or drop the transpose (.T) that turns it round.")
+        return (f"{name} comes out transposed: {g} where {w} belongs (its last two axes swapped). The product "
+                f"that makes it has its operands in the other order, or one transpose too many or too few: "
+                f"(A B)^T = B^T A^T, so dV = P^T dO is [S_k, S_q] @ [S_q, D], while dO^T P is its transpose "
+                f"[D, S_k].")
+    for other, shape in input_shapes(case).items():
+        if list(shape) == got and list(shape) != want:
+            return (f"{name} is {g}, the shape of {other}, where {w} belongs: it was made from {other} "
+                    f"(torch.zeros_like({other}), {other}.shape, {other}.new_zeros(...)) instead of from the "
+                    f"input it is the gradient of.")
+    wrong = [(a, b) for a, b in zip(symbolic(got, names), symbolic(want, names)) if a != b]
+    if wrong and all(isinstance(a, str) and isinstance(b, str) for a, b in wrong):
+        number = {names[size][0]: size for size in names if len(names[size]) == 1}
+        sizes = ", ".join(f"{a} = {number[a]} where {b} = {number[b]} belongs" for a, b in wrong)
+        return (f"{name} is {g} where {w} belongs ({sizes}): a size was taken from the wrong length. "
+                f"Find where {name} gets that size -- a range, a slice, an allocation -- and what it "
+                f"should count.")
+    return None
