@@ -27,7 +27,7 @@ from torch.library import custom_op
 from . import runtime
 from .backward import attention_backward
 from .fast import fast_attention_backward, fast_attention_forward
-from .fast.autograd import prepare_backward
+from .fast.autograd import contiguous_do, prepare_backward, wait_prepared
 from .forward import attention_forward
 
 IMPLS = ("fast", "teaching")
@@ -37,8 +37,15 @@ def forward_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE) of attention; inputs validated and in a dtype the kernels take (``flashattn.api``)."""
     if impl == "fast":
+        # The backward's kernels compile (and load) in background threads, once per kind of
+        # input, while this thread compiles the forward's. They need only what O and the LSE
+        # will look like: contiguous, O like q.
         o, lse = fast_attention_forward(q, k, v, causal, scale)
-        prepare_backward(q, k, v, o, lse, causal, scale)     # compiles in the background, once
+        # The backward's kernels compile (and load) in background threads, once per kind of
+        # input, while the caller computes its loss. Started before the forward's compile they
+        # would overlap it more, but with a warm disk cache the threads' loads then slowed the
+        # forward's own at random (a first call of 0.6-2.7 s against 0.55-0.64 s; H100).
+        prepare_backward(q, k, v, o, lse, causal, scale)
         return o, lse
     return attention_forward(q, k, v, causal, scale)
 
@@ -57,7 +64,8 @@ def backward_kernels(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                           needs_dq: bool, needs_dkdv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV); a gradient not asked for comes back as an empty tensor."""
     if impl == "fast":
-        dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, causal, scale,
+        wait_prepared(q, k, causal)
+        dq, dk, dv = fast_attention_backward(q, k, v, o, contiguous_do(do), lse, causal, scale,
                                              needs_dq=needs_dq, needs_dkdv=needs_dkdv)
     else:
         dq, dk, dv = attention_backward(q, k, v, o, do, lse, causal, scale,

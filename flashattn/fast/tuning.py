@@ -204,6 +204,18 @@ def _check_divisibility(name: str, cfg: KernelConfig) -> None:
         raise ValueError(f"{name}: BLOCK_N must divide BLOCK_M, got {cfg}")
 
 
+def warm(raw, *args, **kwargs):
+    """Compile ``raw`` for these arguments without launching it -- and load it: Triton loads a
+    kernel's binary and builds its launcher (a C compile, about half a second) only at the first
+    launch, so a warm-up that stops at compiling leaves that for the first real call. (Under
+    ``triton.AsyncCompileMode`` the warm-up returns a future, loaded at its first launch.)"""
+    compiled = raw.warmup(*args, **kwargs)
+    load = getattr(compiled, "_init_handles", None)
+    if callable(load):
+        load()
+    return compiled
+
+
 def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig | None = None,
         warmup: bool = False) -> None:
     """Launch (or with ``warmup`` only compile) fast kernel ``name`` -- ``raw`` the jitted kernel,
@@ -215,7 +227,7 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
     def launch(cfg: KernelConfig) -> None:
         kwargs = dict(meta, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, **cfg.launch_options())
         if warmup:
-            raw.warmup(*args, grid=(1,), **kwargs)
+            warm(raw, *args, grid=(1,), **kwargs)
         else:
             raw[grid({"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N})](*args, **kwargs)
 
