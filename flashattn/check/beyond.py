@@ -124,6 +124,8 @@ WINDOW_CASES = (
     _window_case(7, 7, (-1, -1)), _window_case(7, 7, (-1, 0)), _window_case(9, 9, (3, 0)),
     _window_case(8, 8, (2, 2)), _window_case(6, 10, (1, 3)), _window_case(10, 6, (0, 0)),
     _window_case(9, 9, (4, -1)), _window_case(5, 8, (-1, 2)), _window_case(8, 8, (0, 5)),
+    # S_q > S_k with no left limit: the late queries must still see key 0 ("no limit" is not S_k keys)
+    _window_case(10, 4, (-1, 1)),
 )
 
 
