@@ -61,6 +61,20 @@ def _first_found(ctx, find):
     return None, None
 
 
+def _code_lines(src: str):
+    """The source's lines without comments, stripped, skipping blank ones."""
+    for line in src.splitlines():
+        code = line.split("#")[0].strip()
+        if code:
+            yield code
+
+
+def _first_line(ctx, test):
+    """The first code line of the learner's sources for which ``test(line)`` holds, or None."""
+    _, line = _first_found(ctx, lambda src: next((c for c in _code_lines(src) if test(c)), None))
+    return line
+
+
 def _line_of(src: str, needle: str) -> str:
     return next((line.split("#")[0].strip() for line in src.splitlines() if needle in line), needle)
 
@@ -379,14 +393,8 @@ _INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S
       "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
       kinds=("dq", "dkdv"))
 def _bound_inclusive(ctx):
-    _, line = _first_found(ctx, _inclusive_bound)
+    line = _first_line(ctx, _INCLUSIVE.search)
     return f"`{line}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
-
-
-def _inclusive_bound(src: str):
-    """The first code line (comments dropped) with a mask like offs_m <= S_q, or None."""
-    return next((code.strip() for code in (line.split("#")[0] for line in src.splitlines())
-                 if _INCLUSIVE.search(code)), None)
 
 
 # --------------------------------------------------------------------------------------

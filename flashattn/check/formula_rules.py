@@ -16,20 +16,12 @@ import inspect
 import re
 import textwrap
 
-from .code_rules import _calls, _first_found, _forward_params, _line_of
+from .code_rules import _calls, _code_lines, _first_found, _first_line, _forward_params, _line_of
 from .diagnose import rule
 from .origin import _unwrap
 
 #: every checker that runs the learner's formulas (the window checker's mask has no scale, no delta)
 FORMULA_KINDS = ("backward", "rebuild_p", "online_softmax", "lazy", "beyond", "dq", "dkdv", "autograd")
-
-
-def _code_lines(src: str):
-    """The source's lines without comments, stripped, skipping blank ones."""
-    for line in src.splitlines():
-        code = line.split("#")[0].strip()
-        if code:
-            yield code
 
 
 # --------------------------------------------------------------------------------------
@@ -50,8 +42,7 @@ _ON_LSE = re.compile(r"-\s*\w*lse\w*(?:\[[^\]]*\])?\s*\)\s*\*\s*(?:ctx\.)?scale\
 def _scale_divides(ctx):
     if not ctx.failing:
         return None
-    src, line = _first_found(ctx, lambda s: next((c for c in _code_lines(s) if _DIVIDES.search(c) and
-                                                  _SCORES.search(c)), None))
+    line = _first_line(ctx, lambda c: _DIVIDES.search(c) and _SCORES.search(c))
     return f"`{line}`; {ctx.tensor_pattern()}" if line else None
 
 
@@ -59,11 +50,13 @@ def _scale_divides(ctx):
       "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
       "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
       "probability is off by a factor exp(LSE * (1 - scale)) that differs from row to row.",
-      kinds=tuple(k for k in FORMULA_KINDS if k != "rebuild_p"))   # there the fingerprint scale_on_difference names it
+      # not rebuild_p: there the fingerprint scale_on_difference names this slip from the outputs,
+      # which a line that may not have run (the rules read every line) cannot outdo
+      kinds=tuple(k for k in FORMULA_KINDS if k != "rebuild_p"))
 def _scale_on_lse(ctx):
     if not ctx.failing:
         return None
-    _, line = _first_found(ctx, lambda s: next((c for c in _code_lines(s) if _ON_LSE.search(c)), None))
+    line = _first_line(ctx, _ON_LSE.search)
     return f"`{line}`; {ctx.tensor_pattern()}" if line else None
 
 
@@ -144,7 +137,7 @@ _DELTA_SUM = re.compile(r"^\s*delta\w*\s*=.*\.sum\(\s*(?:dim\s*=\s*)?(-2|0)\s*[,
 def _delta_axis(ctx):
     if not ctx.failing:
         return None
-    _, line = _first_found(ctx, lambda s: next((c for c in _code_lines(s) if _DELTA_SUM.search(c)), None))
+    line = _first_line(ctx, _DELTA_SUM.search)
     return f"`{line}`; {ctx.tensor_pattern()}" if line else None
 
 
@@ -264,12 +257,6 @@ def _loop_variable_unused(ctx):
 _GROUP_HEAD = re.compile(r"^\s*(\w+)\s*=\s*(?:(\w*kv\w*)\s*\+\s*(\w+)|(\w+)\s*\+\s*(\w*kv\w*))\s*$")
 
 
-def _group_head_sum(src: str):
-    """The line computing a query head as h_kv + g (no GROUP_SIZE factor), or None."""
-    return next((code.strip() for code in (line.split("#")[0] for line in src.splitlines())
-                 if _GROUP_HEAD.match(code)), None)
-
-
 @rule("group_head_index", "the query heads of a group are numbered without the group's size",
       "Under GQA, K/V head h_kv serves GROUP_SIZE = H // H_kv query heads, numbered h_kv * "
       "GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1. h_kv + g makes the groups overlap (K/V head 1 "
@@ -278,7 +265,7 @@ def _group_head_sum(src: str):
 def _group_head_index(ctx):
     if not ctx.failing:
         return None
-    _, line = _first_found(ctx, _group_head_sum)
+    line = _first_line(ctx, _GROUP_HEAD.match)   # a query head as h_kv + g, no GROUP_SIZE
     return f"`{line}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
 
 
@@ -303,13 +290,13 @@ def _mask_axes(src: str, kind: str):
                  (rf"\b{_KEY_VECTORS}\[\s*:\s*,\s*None\s*\]", "the keys", "[None, :]", "columns")]
     else:
         return None
-    for code in (line.split("#")[0] for line in src.splitlines()):
+    for code in _code_lines(src):
         if re.search(r"tl\.(load|store)\(|\bmask\s*=|stride", code) or "=" not in code:
             continue
         for pattern, what, right, axis in wrong:
             m = re.search(pattern, code)
             if m:
-                return code.strip(), (f"`{m.group(0)}` lines {what} up with the other axis: in this kernel's tile "
+                return code, (f"`{m.group(0)}` lines {what} up with the other axis: in this kernel's tile "
                                       f"they run along the {axis}, {right}")
     return None
 
