@@ -37,9 +37,6 @@ def forward_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
                     scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE) of attention; inputs validated and in a dtype the kernels take (``flashattn.api``)."""
     if impl == "fast":
-        # The backward's kernels compile (and load) in background threads, once per kind of
-        # input, while this thread compiles the forward's. They need only what O and the LSE
-        # will look like: contiguous, O like q.
         o, lse = fast_attention_forward(q, k, v, causal, scale)
         # The backward's kernels compile (and load) in background threads, once per kind of
         # input, while the caller computes its loss. Started before the forward's compile they
