@@ -154,6 +154,7 @@ def attention_backward_dq(q, k, v, do, lse, delta, causal: bool = False,
     """dQ ``[B, H, S_q, D]`` from q, k, v, dO, the forward's LSE and delta = rowsum(dO * O)."""
     runtime.validate_qkv(q, k, v)
     runtime.validate_grad_output(do, q)
+    runtime.validate_row_stats(q, lse=lse, delta=delta)
     causal = runtime.validate_causal(causal)
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
@@ -273,6 +274,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, causal: bool = False,
     """dK, dV ``[B, H_kv, S_k, D]`` (summed over each GQA group of query heads)."""
     runtime.validate_qkv(q, k, v)
     runtime.validate_grad_output(do, q)
+    runtime.validate_row_stats(q, lse=lse, delta=delta)
     causal = runtime.validate_causal(causal)
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]

@@ -285,6 +285,21 @@ def validate_grad_output(do, o) -> None:
         raise ValueError(f"dO must be on {o.device}, got {do.device}")
 
 
+def validate_row_stats(q, **stats) -> None:
+    """The LSE and delta the backward kernels read: one number per query row, [B, H, S_q]."""
+    want = tuple(q.shape[:3])
+    for name, t in stats.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor [B, H, S_q] = {list(want)}, got {_describe(t)}")
+        if tuple(t.shape) != want:
+            extra = (" -- a trailing axis of size 1: reduce without keepdim=True, or .squeeze(-1)"
+                     if tuple(t.shape) == want + (1,) else "")
+            raise ValueError(f"{name} must be [B, H, S_q] = {list(want)} (one number per query row), "
+                             f"got {list(t.shape)}{extra}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on {q.device}, got {t.device}")
+
+
 # --------------------------------------------------------------------------------------
 # outputs: optionally poisoned with NaN so that unwritten elements show up in tests
 # --------------------------------------------------------------------------------------

@@ -29,6 +29,15 @@ The diagnoses and what they read:
                       wrong length, the transposed operand and the line that made it, the
                       transpose that makes A @ B chain, the operand that missed its cast, a
                       sequence's tensors with the heads last (shape_names.py, exception_ideas.py)
+  blind set L         softmax without dim, a length from shape[-1]; fingerprints: delta per head,
+                      exp(S - rowmax) and exp(S) - exp(LSE) for P, a softmax per block, alpha
+                      against the block's maximum, the lazy gate transposed / with a sign slip /
+                      1-based, P and A swapped, delta without keepdim, a returned mask inverted,
+                      a one-sided window ignored, the LSE reshaped; a factor 1/GROUP_SIZE or 1/L;
+                      a grid short of blocks or of the batch; an extra trailing axis, an apply
+                      indexed [0]; exceptions traced to their origin: an accumulator's zeros,
+                      a loop one long, a caller's slice, delta refused by the launcher
+                      (exception_origins.py, launch_rules.py, runtime.validate_row_stats)
 """
 import pytest
 
@@ -215,6 +224,53 @@ EDITS = [
      "vb is torch.float16"),
     ("09b", "heads = lambda t: t.transpose(0, 1)", "heads = lambda t: t.transpose(1, 2)", "exception",
      "has the heads last, [S, D, H]"),
+    # ---- blind set L's slips
+    ("01", "P = torch.softmax(S, dim=-1)", "P = torch.nn.functional.softmax(S)", "softmax_no_dim",
+     "`P = torch.nn.functional.softmax(S)`"),
+    ("01", "delta = (do * o).sum(dim=-1, keepdim=True)", "delta = (do * o).sum(dim=(-2, -1), keepdim=True)",
+     "delta_per_head", "one number per head"),
+    ("02p", "return torch.exp(S - lse[..., None])", "return torch.exp(S - S.amax(dim=-1, keepdim=True))",
+     "p_max_not_lse", "the row's maximum where the LSE belongs"),
+    ("02p", "torch.exp(S - lse[..., None])", "torch.exp(S) - torch.exp(lse[..., None])", "exp_difference",
+     "a difference where a quotient belongs"),
+    ("02o", "p = torch.exp(s - m_new)", "p = torch.softmax(s, dim=-1)", "online_block_softmax", "its own softmax"),
+    ("02o", "alpha = torch.exp(m - m_new)", "alpha = torch.exp(m - s.amax(dim=-1, keepdim=True))",
+     "online_alpha_block_max", "not the new running maximum"),
+    ("02o", "(m + torch.log(l)).squeeze(-1)", "(m + torch.log(l))", "shape", "an extra trailing axis of size 1"),
+    ("02o", "S_k = k.shape[2]", "S_k = k.shape[-1]", "length_from_head_dim", "`S_k = k.shape[-1]`"),
+    ("03", "CAUSAL=causal, BLOCK_M=BLOCK, BLOCK_N=BLOCK,", "CAUSAL=causal, BLOCK_M=16, BLOCK_N=BLOCK,",
+     "grid_short", "while the kernel's BLOCK_M is 16"),
+    ("03", "dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=LSE.dtype.element_ty)",
+     "dq = tl.zeros([BLOCK_M, BLOCK_N], dtype=LSE.dtype.element_ty)", "exception",
+     "dq is made by `dq = tl.zeros([BLOCK_M, BLOCK_N], dtype=LSE.dtype.element_ty)`"),
+    ("04", "    dk = dk * scale\n", "    dk = dk * scale / GROUP_SIZE\n    dv = dv / GROUP_SIZE\n", "group_factor",
+     "averaged over the group"),
+    ("04", "grid = (triton.cdiv(S_k, BLOCK), B * H_kv)", "grid = (triton.cdiv(S_k, BLOCK), H_kv)", "grid_short",
+     "counts the heads of one batch element only"),
+    ("05", "delta = flashattn.attention_backward_delta(o, do)", "delta = (do * o).sum(dim=-1, keepdim=True)",
+     "exception", "The package refused the LSE or delta"),
+    ("05", "return FlashAttention.apply(q, k, v, causal, scale)",
+     "return FlashAttention.apply(q, k, v, causal, scale)[0]", "shape", "indexes a result with [0]"),
+    ("07", "dtau = (dP.sum(-1) / (i + 1)).sum()", "dtau = (dP.sum(-1) / (i + 1)).mean()", "factor",
+     "a mean where the sum belongs"),
+    ("07", "causal = i[None, :] <= i[:, None]", "causal = i[:, None] <= i[None, :]", "lazy_gate_causal_transposed",
+     "transposed"),
+    ("07", "gate = causal & (P + c[:, None] > 0)", "gate = causal & (P - c[:, None] > 0)", "lazy_gate_sign",
+     "a sign slip"),
+    ("07", "    i = torch.arange(L, device=q.device)\n    causal = ",
+     "    i = torch.arange(1, L + 1, device=q.device)\n    causal = ", "lazy_positions_one_based", "the positions start at 1"),
+    ("07", "P, A, O = forward_one_head(q, k, v, bias, tau, scale)",
+     "A, P, O = forward_one_head(q, k, v, bias, tau, scale)", "lazy_p_a_swapped", "unpacked in the wrong order"),
+    ("07", "delta = (P * dP).sum(-1, keepdim=True)", "delta = (P * dP).sum(-1)", "lazy_delta_columns",
+     "reduced without keepdim"),
+    ("09m", "    return seen\n", "    return ~seen\n", "window_returned_inverted", "True where the key is hidden"),
+    ("09m", "    if left >= 0:\n        seen &= j >= i - left\n    if right >= 0:\n        seen &= j <= i + right\n",
+     "    if left >= 0 and right >= 0:\n        seen &= (j >= i - left) & (j <= i + right)\n", "window_both_required",
+     "only when both sides are given"),
+    ("09b", "lse[qs].T, keep", "lse[qs].reshape(H, -1), keep", "lse_reshape", "not transposed"),
+    ("09b", "for b in range(len(cu_q) - 1):", "for b in range(len(cu_q)):", "exception",
+     "runs b up to the last index of cu_q"),
+    ("09b", "heads(o[qs])", "heads(o[ks])", "exception", "packed_backward passes `heads(o[ks])`"),
 ]
 
 
@@ -237,3 +293,13 @@ def test_a_kernel_error_shows_the_kernel_line(tmp_path):
     assert "s = tl.dot(q, k, input_precision=DOT_PRECISION)" in text, text
     if flashattn.INTERPRET:
         assert "q [32, 16]; k [32, 16]" in text, text
+
+
+def test_the_codes_warnings_come_with_the_diagnosis(tmp_path):
+    """A warning the learner's code raised (softmax's implicit dim) is recorded, not printed once
+    per case, and shown with the failure; the package's and torch's own warnings are not."""
+    r = CHECKS["01"](_load(tmp_path, "01", ("P = torch.softmax(S, dim=-1)", "P = torch.nn.functional.softmax(S)")))
+    warned = [w for w in r.code_warnings if "Implicit dimension choice for softmax" in w]
+    assert len(warned) == 1 and "P = torch.nn.functional.softmax(S)" in warned[0], r.code_warnings
+    assert "Your code warned: UserWarning: Implicit dimension choice" in " ".join(r.diagnosis().split())
+    assert CHECKS["01"](_load(tmp_path, "01")).code_warnings == []

@@ -76,3 +76,24 @@ def test_error_message_shows_what_came():
     with pytest.raises(ValueError) as info:
         flash_attention(q[0], k, v)
     assert "(2, 8, 16)" in str(info.value)
+
+
+@pytest.mark.parametrize("which, make, message", [
+    ("delta", lambda t: t[..., None], r"delta must be \[B, H, S_q\] = \[1, 2, 8\].*got \[1, 2, 8, 1\] -- a trailing "
+                                      r"axis of size 1"),
+    ("lse", lambda t: t.transpose(-1, -2).contiguous()[..., :2, :], r"lse must be \[B, H, S_q\] = \[1, 2, 8\]"),
+    ("delta", lambda t: t.tolist(), "delta must be a torch.Tensor"),
+])
+@pytest.mark.parametrize("launcher", ["dq", "dkdv"])
+def test_backward_launchers_name_a_bad_lse_or_delta(which, make, message, launcher):
+    """attention_backward_dq / _dkdv take the forward's LSE and delta, one number per query row;
+    a [..., S_q, 1] delta (a sum with keepdim=True) once surfaced as Python's 'multiple values
+    for argument CAUSAL' from inside the kernel launch."""
+    q, k, v = ok()
+    do = torch.randn_like(q)
+    o, lse = flashattn.attention_forward(q, k, v)
+    stats = {"lse": lse, "delta": flashattn.attention_backward_delta(o, do)}
+    stats[which] = make(stats[which])
+    fn = flashattn.attention_backward_dq if launcher == "dq" else flashattn.attention_backward_dkdv
+    with pytest.raises(TypeError if "torch.Tensor" in message else ValueError, match=message):
+        fn(q, k, v, do, stats["lse"], stats["delta"])

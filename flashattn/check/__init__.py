@@ -131,6 +131,11 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 "log_p:masked": {"P": (ref.S - lse).masked_fill(hidden, 0.0)},
                 "exp_minus_lse:unmasked": {"P": torch.exp(ref.S) - lse},
                 "exp_minus_lse:masked": {"P": (torch.exp(ref.S) - lse).masked_fill(hidden, 0.0)},
+                # exp(S) - exp(LSE): the quotient exp(S) / exp(LSE) written as a difference
+                "exp_difference": {"P": torch.exp(ref.S) - torch.exp(lse)},
+                "exp_difference:masked": {"P": (torch.exp(ref.S) - torch.exp(lse)).masked_fill(hidden, 0.0)},
+                # the row's maximum where the LSE belongs: the numerator of a stable softmax only
+                "p_max_not_lse": {"P": torch.exp(ref.S - ref.S.amax(-1, keepdim=True))},
                 **mask_variants(case, x, "rebuild_p")}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,

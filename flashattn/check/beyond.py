@@ -107,6 +107,8 @@ def _edge_slips(i, j, left: int, right: int) -> dict:
     out["window_truthiness:left"] = truthy_left & right_ok
     out["window_truthiness:right"] = left_ok & truthy_right
     out["window_truthiness:both"] = truthy_left & truthy_right
+    if (left >= 0) != (right >= 0):   # if left >= 0 and right >= 0: a one-sided window gets no limit
+        out["window_both_required"] = everything
     return out
 
 
@@ -150,7 +152,8 @@ def window_mask(fn, *, raise_on_fail: bool = True, show: bool = True):
         return {"mask": _as_mask_tensor(got.cpu())}, {"mask": _as_mask_tensor(x.expected)}, {}
 
     def variants(case, x):
-        return {n: {"mask": _as_mask_tensor(m)} for n, m in window_slips(case.S_q, case.S_k, case.window).items()}
+        slips = dict(window_slips(case.S_q, case.S_k, case.window), window_returned_inverted=~x.expected)
+        return {n: {"mask": _as_mask_tensor(m)} for n, m in slips.items()}
 
     return run_battery("check.window_mask", fn, WINDOW_CASES, run_case, kind="window", dtype=torch.float64,
                        seed=0, with_do=False, raise_on_fail=raise_on_fail, show=show, variants=variants,
@@ -274,7 +277,7 @@ def _heads_first(t):
 
 def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
                  scale=None, sliced_mask=False, reshape_heads=False, mask_p=None,
-                 masks_swapped=False, one_head_mask=False, stop_at_empty=False) -> dict:
+                 masks_swapped=False, one_head_mask=False, stop_at_empty=False, lse_reshape=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
@@ -285,7 +288,8 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
     with this probability), ``masks_swapped`` (the window's mask and the dropout mask handed to
     the per-sequence backward in each other's place), ``one_head_mask`` (each sequence's mask drawn
     for one head and broadcast over all), ``stop_at_empty`` (the loop leaves at the first empty
-    sequence: ``break`` where ``continue`` belongs)."""
+    sequence: ``break`` where ``continue`` belongs), ``lse_reshape`` (a sequence's [S_q, H] LSE
+    reshaped to [H, S_q] where a transpose belongs)."""
     case = x.case
     H = x.q.shape[1]
     heads = (lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])) if reshape_heads else _heads_first
@@ -312,8 +316,9 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
             keep = _keep_heads(x, 1, b * H, S_q, S_k).expand(H, S_q, S_k)
         if masks_swapped:
             seen, keep = keep, seen.expand(H, S_q, S_k)
+        lse = x.lse[qs].reshape(H, -1) if lse_reshape else x.lse[qs].T
         g = sequence_grads(*(heads(t[s]) for t, s in ((x.q, qs), (x.k, ks), (x.v, ks), (x.o, qs), (x.do, qs))),
-                           x.lse[qs].T, keep, x.p, seen, x.scale if scale is None else scale, slip)
+                           lse, keep, x.p, seen, x.scale if scale is None else scale, slip)
         dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)
     return unpack(case, {"dQ": dq, "dK": dk, "dV": dv})
 
@@ -388,6 +393,7 @@ def _variants(case: BeyondCase, x) -> dict:
         found["softmax_then_mask"] = packed_grads(x, "softmax_then_mask")
     if case.H > 1:
         found["heads_reshape"] = packed_grads(x, reshape_heads=True)
+        found["lse_reshape"] = packed_grads(x, lse_reshape=True)
     if case.packed:
         found["leak"] = packed_grads(x, whole=True)     # with dropout: one mask for the whole batch
         if case.window != (-1, -1) and case.lens_q != case.lens_k:

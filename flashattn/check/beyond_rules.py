@@ -67,6 +67,15 @@ _slip_rule("window_empty", "the mask is False everywhere: it starts empty",
 _slip_rule("window_elif", "the second side is tested with elif: it is skipped whenever the first applies",
            WINDOW_IDEA + " The two sides are independent conditions: two `if`s, each adding its own limit. "
            "`elif` runs the second only when the first did not.")
+_slip_rule("window_both_required",
+           "a one-sided window gets no limit at all: the limits apply only when both sides are given",
+           WINDOW_IDEA + " Each side is its own condition: `if left >= 0: seen &= j >= i - left`, then "
+           "`if right >= 0: seen &= j <= i + right`. Tested together (if left >= 0 and right >= 0), a "
+           "window limited on one side only -- causal (-1, 0) among them -- keeps every key.")
+_slip_rule("window_returned_inverted", "the mask is inverted: True where the key is hidden",
+           WINDOW_IDEA + " visible_mask returns True where query i *sees* key j. The mask that "
+           "masked_fill takes is the opposite one (True where hidden): return seen, not ~seen, and "
+           "invert where you fill.", kinds=("window",))
 _slip_rule("window_side_lost", "one side of the window is lost: the mask holds the other edge alone",
            WINDOW_IDEA + " Each limited side takes keys *away* from the mask: seen &= (that edge). An "
            "assignment (seen = ...) throws the first side's limit away, and |= on a mask of all True "
@@ -202,6 +211,11 @@ def _mask_differs(ctx):
 # --------------------------------------------------------------------------------------
 # packed sequences
 # --------------------------------------------------------------------------------------
+_slip_rule("lse_reshape", "a sequence's LSE is reshaped from [S_q, H] to [H, S_q], not transposed",
+           "reshape keeps the elements in memory order and only relabels the dimensions: the packed "
+           "LSE's slice [S_q, H] reshaped to [H, S_q] puts row i's heads into one head's row, so "
+           "P = exp(S - LSE) subtracts another row's and head's LSE. Swapping the two axes is a "
+           "transpose: lse[qs].T (or .transpose(0, 1)).", kinds=("beyond",))
 _slip_rule("heads_reshape", "[S, H, D] and [H, S, D] are converted with reshape, not transpose",
            "reshape keeps the elements in memory order and only relabels the dimensions: [S, H, D] "
            "reshaped to [H, S, D] mixes rows of different heads and positions. Swapping two axes is a "

@@ -398,6 +398,24 @@ def _bound_inclusive(ctx):
 
 
 # --------------------------------------------------------------------------------------
+# a sequence length read from the head-dim axis
+# --------------------------------------------------------------------------------------
+_LENGTH_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(S_q|S_k|S|N|L|M|seq_?len\w*|n_?keys|n_?queries|len_\w+)\s*=\s*"
+                            r"((?:q|k|v|o|do|dq|dk|dv|query|key|value)(?:_\w+)?)\."
+                            r"(?:shape\s*\[\s*-1\s*\]|size\(\s*-1\s*\))\s*$")
+
+
+@rule("length_from_head_dim", "a sequence length is read from the last axis, the head dim",
+      "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
+      "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
+      "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
+      kinds=("backward", "rebuild_p", "online_softmax", "autograd", "dq", "dkdv", "lazy", "beyond"))
+def _length_from_head_dim(ctx):
+    line = _first_line(ctx, _LENGTH_FROM_D.search)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+# --------------------------------------------------------------------------------------
 # a division by an index that starts at 0
 # --------------------------------------------------------------------------------------
 _ARANGE = re.compile(r"\b(\w+)\s*=\s*torch\.arange\(\s*(?:0\s*,|[^,()]+(?:\([^()]*\))?\s*[,)])")

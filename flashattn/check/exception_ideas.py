@@ -459,6 +459,10 @@ _EXCEPTION_IDEAS = [
      "Unpacking got another number of values than names: ctx.saved_tensors holds exactly what "
      "ctx.save_for_backward was given, in that order (and a function returns what it returns: "
      "o, lse = attention_forward(...)). Save everything backward unpacks."),
+    (r"must be \[B, H, S_q\]",
+     "The package refused the LSE or delta you passed: both hold one number per query row, [B, H, "
+     "S_q], as attention_forward and attention_backward_delta return them. The message says which "
+     "and what it got."),
     (r"incorrect number of gradients",
      "backward returns one value per input of forward, in order, None for the non-tensor ones."),
     (r"must be a bool|must be a float|must be a torch.Tensor",
@@ -505,6 +509,11 @@ def exception_idea(raised: list, sep, sources: list = ()) -> Optional[str]:
     distinct = lambda r: len({getattr(r.case, a, None) for a in ("S_q", "S_k", "D")}) == 3   # noqa: E731
     raised = sorted(raised, key=lambda r: not distinct(r))
     idea = next((i for i in (_specific_idea(r, sources) for r in raised) if i), None)
+    if idea:
+        return idea
+    from .exception_origins import origin_idea      # it imports this module's readers
+
+    idea = next((i for i in (origin_idea(r) for r in raised) if i), None)
     if idea:
         return idea
     if sep and sep[1] and sep[0].id == "multi_block":

@@ -45,6 +45,10 @@ _fp("delta_scalar", "delta is one number for everything, not one per query row",
     "delta_i = rowsum(dO * O)_i belongs to query row i (and to its batch element and head): sum "
     "over the last dimension only, keeping it, (do * o).sum(-1, keepdim=True). A .sum() over "
     "every dimension subtracts the same total from every row.", kinds=("backward",))
+_fp("delta_per_head", "delta is one number per head, summed over the query rows too",
+    "delta_i = rowsum(dO * O)_i belongs to query row i: sum over the last dimension (the D "
+    "features) only, (do * o).sum(-1, keepdim=True). Summing over (-2, -1) adds every row of the "
+    "head together and subtracts that total from each row of dP.", kinds=("backward",))
 _fp("ds_diagonal", "dS = P (1 - P) dP: only the diagonal of the softmax's Jacobian",
     "dP_ij reaches S_ij and every other S_ik of its row: the softmax's Jacobian is "
     "dP_i/dS_ik = P_ij (1[j = k] - P_ik). The diagonal alone gives P (1 - P) dP; the whole "
@@ -288,6 +292,14 @@ _fp("ds_precedence", "dS = P * dP - delta: the parentheses are missing",
 _fp("exp_minus_lse", "P = exp(S) - LSE: the LSE is subtracted outside the exponential",
     "The LSE divides: P = exp(S) / exp(LSE) = exp(S - LSE), the subtraction *inside* the "
     "exponential.", kinds=("backward", "dq", "dkdv", "rebuild_p"))
+_fp("exp_difference", "P = exp(S) - exp(LSE): a difference where a quotient belongs",
+    "exp(S - LSE) = exp(S) / exp(LSE): subtracting in the exponent divides after it. Keep the "
+    "subtraction inside one exponential, torch.exp(S - lse[..., None]) (exp(S) alone also "
+    "overflows for large scores, which is why the LSE is subtracted first).", kinds=("rebuild_p",))
+_fp("p_max_not_lse", "P is exp(S - rowmax): the row's maximum where the LSE belongs",
+    "exp(S - max) is only the numerator of a stable softmax: its rows sum to more than 1. The LSE "
+    "is max + log(sum_j exp(S_j - max)), the maximum *and* the normaliser in one number, so "
+    "P = exp(S - LSE) with the forward's LSE needs no maximum at all.", kinds=("rebuild_p",))
 @rule("scale_value", "the scale used is not the one given",
       "Use the `scale` argument everywhere (the scores and the factor in dQ and dK); when it has to "
       "be defaulted, the default is 1/sqrt(D), not 1/D. The evidence's computation used another value.",
@@ -313,6 +325,16 @@ _fp("online_scale_in_p", "the scale enters p's exponent only: the maximum, alpha
     "alpha = exp(m_old - m_new) and LSE = m + log(l) are all in units of the scaled scores. With "
     "the scale only inside p = exp((s - m) * scale), alpha rescales with the wrong base and the "
     "LSE comes out in unscaled units.", kinds=("online_softmax",))
+_fp("online_alpha_block_max", "alpha rescales against the block's maximum, not the new running maximum",
+    "alpha = exp(m_old - m_new) converts the old sums from the old maximum to the *new running* "
+    "one, m_new = max(m_old, max of this block), the same maximum p = exp(s - m_new) uses. Against "
+    "the block's own maximum, alpha exceeds 1 whenever the block's scores are below the running "
+    "maximum (and is inf for a block whose keys are all hidden).", kinds=("online_softmax",))
+_fp("online_block_softmax", "each block is normalised by its own softmax",
+    "p = exp(s - m_new), unnormalised: the division happens once, at the end, by l -- the sum over "
+    "*every* block, each rescaled by alpha. A softmax per block divides each block by its own sum, "
+    "so every block weighs the same whatever its scores, and a block whose keys are all hidden "
+    "gives 0/0 = NaN.", kinds=("online_softmax",))
 _fp("online_block_max", "the new maximum is the block's maximum alone",
     "m_new = max(m_old, max of this block): the running maximum never decreases. Taken from the "
     "block alone, a block whose keys are all hidden (causal rows before the block starts) has "
@@ -378,6 +400,27 @@ _fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query ro
     "tau/(i+1) belongs to query row i: divide each *row* of dP by i + 1 (a column vector, "
     "one value per row). A vector of length L broadcasts along the last axis, dividing column j "
     "by j + 1 instead.", kinds=("lazy",))
+_fp("lazy_gate_causal_transposed", "the gate's causal mask is transposed: j >= i where j <= i belongs",
+    "Query i sees keys j <= i: the causal mask is i[None, :] <= i[:, None] (row index i down the "
+    "rows, key index j along the columns), the lower triangle. i[:, None] <= i[None, :] is the "
+    "upper triangle: the gate lets dA through at the hidden future entries and cuts it at the "
+    "visible past ones.", kinds=("lazy",))
+_fp("lazy_gate_sign", "the gate tests P - tau/(i+1) > 0: a sign slip",
+    "The ReLU's input is P + tau/(i+1) (the forward adds c = tau/(i+1) to P): gate = causal & "
+    "(P + c > 0). With P - c the gate is wrong wherever 0 < P < c or -c < P < 0, that is "
+    "wherever tau is not 0.", kinds=("lazy",))
+_fp("lazy_positions_one_based", "the positions start at 1: tau/(i+2) where tau/(i+1) belongs",
+    "The formulas count the query row's keys as i + 1 with i = 0 ... L - 1 (torch.arange(L)). "
+    "Positions 1 ... L with the same + 1 divide by i + 2: both c = tau/(i+1) in the gate and "
+    "dTau's 1/(i+1) are off. Either 0-based positions, or drop the + 1.", kinds=("lazy",))
+_fp("lazy_p_a_swapped", "P and A trade places: the forward's results are unpacked in the wrong order",
+    "forward_one_head returns (P, A, O): P the softmax, A the ReLU's output. Unpacked as (A, P, O), "
+    "dV = A^T dO gets P, the gate tests the ReLU's output and dS = P * (dP - delta) uses A: "
+    "unpack in the order the function returns.", kinds=("lazy",))
+_fp("lazy_delta_columns", "delta lines up with the keys: reduced without keepdim",
+    "delta_i = rowsum(P * dP)_i belongs to query row i. (P * dP).sum(-1) is a vector of length L, "
+    "which broadcasts along the last axis: dP - delta subtracts delta_j from column j. Keep the "
+    "axis, .sum(-1, keepdim=True), so that it is one value per row.", kinds=("lazy",))
 
 
 @rule("accumulate", "only the last block's contribution survives: accumulate, don't overwrite",

@@ -105,6 +105,8 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["delta_mean"] = _grads_from_p(case, x, ref.P, delta=ref.delta[..., None] / case.D)
         # delta = (do * o).sum(): one number for the whole batch, not one per query row
         out["delta_scalar"] = _grads_from_p(case, x, ref.P, delta=ref.delta.sum())
+        # delta = (do * o).sum((-2, -1), keepdim=True): summed over the query rows too, one per head
+        out["delta_per_head"] = _grads_from_p(case, x, ref.P, delta=ref.delta.sum(-1, keepdim=True)[..., None])
         # dS = P (1 - P) dP: only the diagonal of the softmax's Jacobian
         out["ds_diagonal"] = _grads_from_p(case, x, ref.P, dS=ref.P * (1 - ref.P) * ref.dP)
         # dS = dP - delta: the factor P forgotten (hidden keys get dP - delta too)
@@ -428,6 +430,8 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_drop_partial": _online(case, x, case.scale_value, torch.exp, slip="drop_partial"),
             "online_l_rescales_new": _online(case, x, case.scale_value, torch.exp, slip="l_rescales_new"),
             "online_v_from_k": _online(case, x, case.scale_value, torch.exp, slip="v_from_k"),
+            "online_alpha_block_max": _online(case, x, case.scale_value, torch.exp, slip="alpha_block_max"),
+            "online_block_softmax": _online(case, x, case.scale_value, torch.exp, slip="block_softmax"),
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -449,8 +453,10 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
             cols = torch.arange(n0, end, device=q.device)[None, :]
             s = s.masked_fill(cols > rows, float("-inf"))
         m_new = s.amax(-1, keepdim=True) if slip == "block_max" else torch.maximum(m, s.amax(-1, keepdim=True))
-        alpha = torch.exp(m - m_new)
-        p = p_exp(s - m_new)
+        # alpha_block_max: the old sums rescaled against this block's maximum, not the new one
+        alpha = torch.exp(m - (s.amax(-1, keepdim=True) if slip == "alpha_block_max" else m_new))
+        # block_softmax: each block normalised on its own, p = softmax(s) (NaN for a hidden block)
+        p = torch.softmax(s, dim=-1) if slip == "block_softmax" else p_exp(s - m_new)
         if slip == "l_rescales_new":        # l = (l + rowsum(p)) * alpha: the new block rescaled too
             l = (l + p.sum(-1, keepdim=True)) * alpha
             acc = acc * alpha + p @ v[..., n0:end, :]
@@ -589,6 +595,10 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
     lengths = (L - torch.arange(W + 1)).clamp_min(1).double()     # entries on diagonal d (0 past L)
     c = tau.double()[:, None] * inv                                # [H, L]: tau / (i + 1)
 
+    A = f["A"]
+    dP2 = dA * (causal & (P + (tau.double()[:, None] / (i + 2).double())[..., None] > 0))
+    dPa = dA * (causal & (A + c[..., None] > 0))
+
     def from_ds(dS_):   # the gradients that follow from a (wrong) dS
         return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale, "dBias": diagonal_sums(dS_, W)}
 
@@ -621,6 +631,18 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_dbias_shifted": {"dBias": diagonal_sums(dS, W + 1)[..., 1:]},
         # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
         "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},
+        # the gate's causal mask transposed (i <= j): the future passes, the past is cut
+        "lazy_gate_causal_transposed": from_dp(dA * (causal.T & (P + c[..., None] > 0))),
+        # P - c > 0 where the ReLU's argument is P + c
+        "lazy_gate_sign": from_dp(dA * (causal & (P - c[..., None] > 0))),
+        # positions 1 ... L where the formulas already add 1: c = tau / (i + 2), dTau / (i + 2)
+        "lazy_positions_one_based": {**from_ds(P * (dP2 - (P * dP2).sum(-1, keepdim=True))),
+                                     "dTau": (dP2.sum(-1) / (i + 2).double()).sum(-1)},
+        # (P, A, O) unpacked as (A, P, O): the ReLU's output where the softmax belongs, and back
+        "lazy_p_a_swapped": {**from_ds(A * (dPa - (A * dPa).sum(-1, keepdim=True))),
+                             "dV": P.transpose(-1, -2) @ do, "dTau": (dPa.sum(-1) * inv).sum(-1)},
+        # delta without keepdim: [L] lines up with the columns, key j gets delta_j
+        "lazy_delta_columns": from_ds(P * (dP - (P * dP).sum(-1)[..., None, :])),
     }
 
 

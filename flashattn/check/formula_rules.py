@@ -61,6 +61,25 @@ def _scale_on_lse(ctx):
 
 
 # --------------------------------------------------------------------------------------
+# a softmax with no dim: PyTorch's implicit choice
+# --------------------------------------------------------------------------------------
+_SOFTMAX_NO_DIM = re.compile(r"\b(?:functional|F)\.(?:log_)?softmax\(\s*[^,()]*(?:\([^()]*\)[^,()]*)*\)|"
+                             r"\bnn\.Softmax\(\s*\)")
+
+
+@rule("softmax_no_dim", "softmax is called without dim",
+      "F.softmax(x) with no dim lets PyTorch pick one (a deprecated implicit choice, with a "
+      "warning): dim=1 for a 4-D [B, H, S_q, S_k] tensor, the heads, and 0 for 0-, 1- and 3-D "
+      "ones. The softmax of attention runs over the keys, the last axis: dim=-1.",
+      kinds=FORMULA_KINDS)
+def _softmax_no_dim(ctx):
+    if not ctx.failing:
+        return None
+    line = _first_line(ctx, _SOFTMAX_NO_DIM.search)
+    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+
+
+# --------------------------------------------------------------------------------------
 # the causal comparison without the diagonal
 # --------------------------------------------------------------------------------------
 _INDEX = r"(\w+)(\[\s*(?:None\s*,\s*:|:\s*,\s*None)\s*\])?"

@@ -68,6 +68,25 @@ def _grid_heads(ctx):
             f"{ctx.case_pattern()}")
 
 
+@rule("group_factor", "dK and dV are off by the group's size: averaged over the group, not summed",
+      "A K/V head serves GROUP_SIZE query heads, and its gradient is the *sum* of their "
+      "contributions: dK = sum over g of dS_g^T Q_g * scale, dV = sum of P_g^T dO_g. Dividing by "
+      "GROUP_SIZE (an average) or adding each twice scales them by a constant; with one query head "
+      "per K/V head (H_kv = H) the two agree, which is why those cases pass.", kinds=("dkdv", "autograd"))
+def _group_factor(ctx):
+    if not _exactly(ctx, "gqa"):
+        return None
+    seen = []
+    for r in ctx.failing:
+        for t in r.bad():
+            ratio, names = r.structure.get(t.name, {}).get("factor", (None, []))
+            if not ({"GROUP_SIZE", "1/GROUP_SIZE"} & set(names)) or t.name not in ("dK", "dV"):
+                return None
+            seen.append(f"{t.name} = {ratio:.3g} x the right one in '{r.case.name}' (GROUP_SIZE "
+                        f"{r.case.H // r.case.heads_kv})")
+    return f"{'; '.join(seen[:2])}; {ctx.case_pattern()}" if seen else None
+
+
 @rule("gqa", "a head index is wrong under grouped-query attention",
       "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
       "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "

@@ -166,3 +166,44 @@ def _grid_axes(ctx):
                     f"from program_id(0) (times {block}) and needs (cdiv({rows}, {block}), {heads}) = "
                     f"{want}; {len(ctx.failing)} of {len(ctx.results)} cases fail")
     return None
+
+
+def _grid_short_in(r, kind: str):
+    """(axis, what the grid has, what belongs, why) where a launch's grid has too few programs:
+    row blocks counted with another block size than the kernel's, or a (batch, head) axis
+    without the batch."""
+    block, rows, heads, label = (("BLOCK_M", r.case.S_q, r.case.H, "H") if kind == "dq"
+                                 else ("BLOCK_N", r.case.S_k, r.case.heads_kv, "H_kv"))
+    for launch in r.launch_args or ():
+        size = launch.args.get(block)
+        if not isinstance(size, int) or size <= 0 or not launch.grid or len(launch.grid) < 2:
+            continue
+        blocks, pairs = launch.grid[:2]
+        if blocks * size < rows and blocks != rows // size:      # rows // size: the unwritten rule's cdiv story
+            other = next((b for b in (16, 32, 64, 128) if b != size and -(-rows // b) == blocks), None)
+            why = (f"it counts blocks of {other} rows while the kernel's {block} is {size}: the same block size "
+                   f"must size both" if other else f"{blocks} programs of {size} rows cover {blocks * size} "
+                   f"of {rows}")
+            return 0, blocks, f"cdiv({'S_q' if kind == 'dq' else 'S_k'}, {block}) = {-(-rows // size)}", why
+        other_heads = r.case.heads_kv if kind == "dq" else r.case.H      # grid_heads' slip, not this one
+        if r.case.B > 1 and pairs == heads and pairs < r.case.B * heads and pairs != r.case.B * other_heads:
+            later = "batch element 1" if r.case.B == 2 else f"batch elements 1 ... {r.case.B - 1}"
+            return 1, pairs, f"B * {label} = {r.case.B * heads}", (
+                f"it counts the heads of one batch element only: no program runs for {later}, whose "
+                f"outputs are never written")
+    return None
+
+
+@rule("grid_short", "the grid has too few programs: part of the output is never computed",
+      "The grid is (row blocks, B * heads): one program per block of rows (cdiv of the length by the "
+      "kernel's own block size) for every (batch, head) pair, the kernel taking b = pid // heads and "
+      "h = pid % heads. With fewer programs the rows or batch elements that no program owns keep "
+      "whatever the output held.", kinds=KINDS)
+def _grid_short(ctx):
+    for r in ctx.failing:
+        hit = _grid_short_in(r, ctx.kind)
+        if hit:
+            axis, got, want, why = hit
+            return (f"'{r.case.name}': grid axis {axis} is {got} where {want} belongs: {why}; "
+                    f"{ctx.case_pattern()}")
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -137,11 +138,13 @@ def learners_frame(exc: BaseException):
     """(frame, lineno) of the innermost frame of the learner's own code (a notebook cell, else a
     file outside this package and the installed libraries), or None."""
     pkg = Path(__file__).resolve().parent.parent
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()      # inspect.py binding a call's arguments
     found = None
     for frame, lineno in error_frames(exc):
         path = frame.f_code.co_filename
         p = Path(path).resolve()
-        if _in_notebook(path) or not (pkg in p.parents or "site-packages" in p.parts or "dist-packages" in p.parts):
+        if _in_notebook(path) or not (pkg in p.parents or stdlib in p.parents or path.startswith("<frozen")
+                                      or "site-packages" in p.parts or "dist-packages" in p.parts):
             found = (frame, lineno)
     return found
 

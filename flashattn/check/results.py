@@ -141,6 +141,7 @@ class CheckResult:
     diagnoses: list
     origin: list            # lines describing where the function came from
     warnings: list          # origin warnings (editing the wrong copy?)
+    code_warnings: list = field(default_factory=list)   # warnings your code raised while it ran
     _shown: bool = field(default=False, repr=False)
 
     @property
@@ -229,10 +230,14 @@ class CheckResult:
                          f"{_short(str(r.error))}")
             if r.error_where:
                 lines.append(f"  at {r.error_where}")
+        for w in self.code_warnings[:2]:
+            lines += _wrap("Your code warned: " + w, "  ", subsequent="    ")
         return "\n".join(lines)
 
     def report(self) -> str:
         parts = [self.title] + [f"  {l}" for l in self.origin] + [f"  WARNING: {w}" for w in self.warnings]
+        if self.ok:       # a failure's diagnosis lists them already
+            parts += [f"  Your code warned: {w}" for w in self.code_warnings]
         parts += [self.table()]
         if self.ok:
             parts.append(self.pass_line())

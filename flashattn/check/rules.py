@@ -157,10 +157,28 @@ def _shape(ctx):
                              f"({got[i]} where {want[i]} belongs): a range or slice one off -- Python's "
                              f"range(n) and [a:b] leave out their end (n, b); W + 1 diagonals are range(W + 1).")
         if len(got) < len(want) and got == [w for w in want if w != 1][:len(got)] and 1 in want:
-            return message, (f"{m.group(1)} lost its size-1 dimension(s): {tuple(want)} became {tuple(got)}. "
-                             f"squeeze() without a dimension drops *every* axis of size 1 -- B, H or S_q of 1 "
-                             f"too; squeeze(-1) (or [..., 0]) drops the one you mean.")
+            return message, _lost_axes(ctx, m.group(1), got, want)
+        if got == want + [1]:
+            return message, (f"{m.group(1)} has an extra trailing axis of size 1: {tuple(got)} where "
+                             f"{tuple(want)} belongs. A running maximum or sum kept with keepdim=True (or "
+                             f"shaped [..., 1] to broadcast against the rows) still carries it at the end: "
+                             f"drop it where you return, .squeeze(-1).")
     return message
+
+
+def _lost_axes(ctx, name: str, got: list, want: list) -> str:
+    """Why an output lost its size-1 axes: a squeeze() with no dimension, or a result indexed [0]."""
+    from .code_rules import _first_line
+
+    lost = f"{name} lost its size-1 dimension(s): {tuple(want)} became {tuple(got)}."
+    indexed = _first_line(ctx, lambda c: re.search(r"\)\s*\[\s*0\s*\]\s*$", c) and "squeeze" not in c)
+    if indexed and not _first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)", c)):
+        return (f"{lost} `{indexed}` indexes a result with [0], which takes its first element along the "
+                f"first axis -- here the first batch element. A function that returns one tensor (as "
+                f"forward returns O alone, so apply does too) needs no [0]; a tuple is unpacked by name, "
+                f"o, lse = ....")
+    return (f"{lost} squeeze() without a dimension drops *every* axis of size 1 -- B, H or S_q of 1 "
+            f"too; squeeze(-1) (or [..., 0]) drops the one you mean.")
 
 
 from . import code_rules  # noqa: E402,F401  (slips the code itself shows: before the exceptions they cause)

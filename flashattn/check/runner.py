@@ -328,11 +328,35 @@ def _quiet_and_single_threaded():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with np.errstate(all="ignore"), warnings.catch_warnings():
+        with np.errstate(all="ignore"), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             warnings.simplefilter("ignore", RuntimeWarning)
-            yield
+            yield caught
     finally:
         torch.set_num_threads(before)
+
+
+def learners_warnings(caught: list) -> list:
+    """'message (file, line N: code)' for the distinct warnings raised from the learner's own
+    code (a notebook cell or a file outside this package and the installed libraries): the
+    checker records them instead of printing one per case, and shows them with a failure."""
+    import linecache
+
+    from .origin import _in_notebook, shown_path
+
+    pkg = Path(__file__).resolve().parent.parent
+    out = []
+    for w in caught:
+        p = Path(w.filename).resolve()
+        if not _in_notebook(w.filename) and (pkg in p.parents or "site-packages" in p.parts
+                                             or "dist-packages" in p.parts or w.filename.startswith("<frozen")):
+            continue
+        place = "a notebook cell" if _in_notebook(w.filename) else shown_path(w.filename)
+        line = linecache.getline(w.filename, w.lineno).strip()
+        text = f"{w.category.__name__}: {w.message} ({place}, line {w.lineno}{f': {line}' if line else ''})"
+        if text not in out:
+            out.append(text)
+    return out
 
 
 # --------------------------------------------------------------------------------------
@@ -408,7 +432,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
     origin, origin_warnings = describe_origin(fn, role)
     device = runtime.default_device()
     results, nan_searches = [], 0
-    with _quiet_and_single_threaded():
+    with _quiet_and_single_threaded() as caught:
         not_written = precheck() if precheck else False
         for case in cases:
             res = CaseResult(case)
@@ -472,7 +496,8 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 res.error_where = where(e)
                 res.inputs_modified = res.inputs_modified or inputs_changed(before, handed) or None
                 res.swapped = getattr(e, "pair", None) or res.swapped
-    result = CheckResult(title, results, diagnose(results, kind, fn), origin, origin_warnings)
+    result = CheckResult(title, results, diagnose(results, kind, fn), origin, origin_warnings,
+                         learners_warnings(caught))
     if show:
         if result.ok:
             print("\n".join([result.pass_line()] + [f"  WARNING: {w}" for w in origin_warnings]))

@@ -48,6 +48,10 @@ def factor_names(case, ratio: float) -> list:
              ("sqrt(D) * scale", math.sqrt(D) * s), ("1 / (sqrt(D) * scale)", 1 / (math.sqrt(D) * s))]
     if G > 1:
         named += [("GROUP_SIZE", float(G)), ("1/GROUP_SIZE", 1.0 / G)]
+    # a mean where a sum belongs (or the reverse): a factor of one of the lengths
+    for length in dict.fromkeys(n for n in (getattr(case, "S_q", 0), getattr(case, "S_k", 0)) if n and n > 2):
+        label = "S_q" if length == case.S_q else "S_k"
+        named += [(label, float(length)), (f"1/{label}", 1.0 / length)]
     return [n for n, v in named if abs(ratio / v - 1.0) < 1e-2]
 
 

@@ -245,7 +245,8 @@ def _mask_plus_inf(ctx):
             "quantities it equals). Whole numbers: a contribution added more than once (a block or a "
             "head visited twice); scale, 1/scale, sqrt(D), 1/D: a factor of the scale applied twice, "
             "missing, or of the wrong value; GROUP_SIZE: a sum over the group where one head's share "
-            "belongs, or the reverse.")
+            "belongs, or the reverse; S_q or S_k (lesson 07's L): a mean over the rows or keys where "
+            "their sum belongs (.mean() for .sum()), or the reverse.")
 def _factor(ctx):
     seen, ratios = [], {}
     for r in ctx.failing:
@@ -269,7 +270,14 @@ def _factor(ctx):
         r, t, (ratio, names) = next(s for s in seen if s[1].name == name)
         what = f" (= {' = '.join(names)})" if names else ""
         parts.append(f"{name}: yours / reference = {ratio:.4g}{what} in '{r.case.name}'")
-    return "; ".join(parts) + f"; {ctx.tensor_pattern()}"
+    evidence = "; ".join(parts) + f"; {ctx.tensor_pattern()}"
+    if all({"1/S_q", "1/S_k"} & set(names) for _, _, (_, names) in seen):
+        wrong = sorted(ratios)
+        return evidence, (f"{' and '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} divided by a length: a "
+                          f"mean where the sum belongs (.mean() for .sum()). A gradient adds up every "
+                          f"contribution -- over the query rows for a parameter shared by them all -- and "
+                          f"dividing by their number gives 1/S_q (or 1/S_k) of it.")
+    return evidence
 
 
 @_structure("first_block_only", "only the first block of rows (keys) is right",
