@@ -19,16 +19,38 @@ from .exception_ideas import _learners_line, _made_by, _tile_shapes
 from .shape_names import said, size_names
 
 
+def _chain(exc: BaseException) -> list:
+    """The exception and the ones it wraps (Triton's compile error wraps the shape error)."""
+    out = []
+    while exc is not None and exc not in out:
+        out.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
+def _compiled_made_by(exc: BaseException, name: str) -> str:
+    """The kernel source's last line above the failing one that assigns ``name``, for a compile
+    error (a GPU compiles the kernel: no frame holds its variables, the error holds its source)."""
+    for e in _chain(exc):
+        src, node = getattr(e, "src", None), getattr(e, "node", None)
+        if isinstance(src, str) and getattr(node, "lineno", None):
+            target = re.compile(rf"^\s*{re.escape(name)}\s*=(?!=)")
+            above = src.splitlines()[:node.lineno - 1]
+            return next((l.split("#")[0].strip() for l in reversed(above) if target.match(l)), "")
+    return ""
+
+
 def _accumulator_idea(r) -> Optional[str]:
     """``acc += product`` raising on shapes: the accumulator was made with the wrong shape."""
-    if not re.search(r"incompatible dimensions|make_shape_compatible|must match the size", str(r.error)):
+    if not any(re.search(r"incompatible dimensions|make_shape_compatible|must match the size", str(e))
+               for e in _chain(r.error)):
         return None
     line = r.error_where.split(" -> ", 1)[-1] if r.error_where else ""
     m = re.match(r"\s*(\w+)\s*(?:[-+*]=|=\s*\1\s*[-+*])", line)
     if not m:
         return None
     acc = m.group(1)
-    made = _made_by(r.error, [acc]).get(acc, "")
+    made = _made_by(r.error, [acc]).get(acc, "") or _compiled_made_by(r.error, acc)
     if not re.search(r"\b(?:zeros|full|empty)\w*\(", made):
         return None
     shape = _tile_shapes(r.error).get(acc)
