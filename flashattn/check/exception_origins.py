@@ -1,7 +1,8 @@
 """Ideas for an exception whose cause lies on another line than the one that raised: the
 accumulator a product is added to (made by ``tl.zeros`` above the loop), an argument that
 arrived wrong from the caller (sliced with the other sequence's span), a loop whose last
-iteration indexes one past the end, a call given more positional values than it takes.
+iteration indexes one past the end, a call given more positional values than it takes, a value
+written into a slice with its axes in another order.
 Called by :func:`flashattn.check.exception_ideas.exception_idea` before its generic ideas.
 """
 from __future__ import annotations
@@ -167,8 +168,26 @@ def _arity_idea(r) -> Optional[str]:
             f"extra axis adds a value to *t.stride().{extra}")
 
 
+_TARGET = re.compile(r"Target sizes: \[([\d, ]*)\]\.\s+Tensor sizes: \[([\d, ]*)\]")
+
+
+def _assignment_idea(r) -> Optional[str]:
+    """``out[s] = value`` with the value's axes in another order than the slice's."""
+    m = _TARGET.search(str(r.error))
+    if not m:
+        return None
+    target, value = ([int(x) for x in g.split(",") if x.strip()] for g in m.groups())
+    line = r.error_where.split(" -> ", 1)[-1] if r.error_where else "the line shown"
+    if sorted(target) == sorted(value) and target != value:
+        return (f"`{line}` writes a value shaped {value} into a slice shaped {target}: the same sizes in another "
+                f"order. The value's axes must be put back in the output's order first -- a tensor computed "
+                f"per head as [H, S, D] goes back into a packed [S, H, D] output transposed (t.transpose(0, 1)).")
+    return (f"`{line}` writes a value shaped {value} into a slice shaped {target}: an assignment needs the "
+            f"slice's shape (or one that broadcasts to it).")
+
+
 def origin_idea(r) -> Optional[str]:
-    for idea in (_accumulator_idea, _index_past_end, _argument_from_caller, _arity_idea):
+    for idea in (_accumulator_idea, _index_past_end, _argument_from_caller, _arity_idea, _assignment_idea):
         found = idea(r)
         if found:
             return found

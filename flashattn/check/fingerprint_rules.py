@@ -71,6 +71,18 @@ def _no_mask(ctx):
                           "right in every case) but not the P that dV = P^T dO uses. Mask P itself, before "
                           "both products use it.")
     return evidence
+@rule("causal_inverted", "the causal test is inverted: the mask is applied exactly when causal is False",
+      "Every causal case is computed without the mask and every non-causal one with it: the condition "
+      "that guards the mask says the opposite of causal (`if not causal:`, or the flag negated on its "
+      "way). Mask when causal is True, only then.", kinds=("backward", "rebuild_p"))
+def _causal_inverted(ctx):
+    causal = [r for r in ctx.failing if r.case.causal]
+    plain = [r for r in ctx.failing if not r.case.causal]
+    if causal and plain and all("no_mask" in r.fingerprints for r in causal) and \
+            all("mask_applied" in r.fingerprints for r in plain):
+        return (f"the {len(causal)} causal cases match attention without the mask, the {len(plain)} "
+                f"non-causal ones attention with it; {ctx.tensor_pattern()}")
+    return None
 _fp("backward_not_causal", "the backward runs without the causal mask",
     "The forward is right (O matches) but the gradients are those of P rebuilt over every key: "
     "the causal flag does not reach the backward kernels. Save it in ctx in forward and pass "

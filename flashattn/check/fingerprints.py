@@ -274,12 +274,18 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
     """The causal mask gone wrong: missing, inverted, hiding the diagonal, pointing the wrong
     way, transposed inside a tile, the diagonal tile skipped, S = 0 instead of -inf, applied
     after the softmax. Each as the kernel (or the PyTorch function) of ``kind`` computes it."""
-    if not case.causal:
-        return {}
     dev = x.ref.S.device
     i = torch.arange(case.S_q, device=dev)[:, None]
     j = torch.arange(case.S_k, device=dev)[None, :]
     visible = j <= i
+    if not case.causal:         # `if not causal:`: the mask applied exactly where it does not belong
+        if kind == "rebuild_p":
+            return {"mask_applied": {"P": _from_lse(case, x, visible)}}
+        if kind == "backward":
+            P = torch.softmax(_scores(case, x).masked_fill(~visible, float("-inf")), dim=-1)
+            return {"mask_applied": _grads_from_p(case, x, P),
+                    "mask_applied:own_delta": _grads_from_p(case, x, P, delta=(P * x.ref.dP).sum(-1, keepdim=True))}
+        return {}
     S = _scores(case, x)
     out = {}
     if kind == "rebuild_p":

@@ -13,6 +13,8 @@ from __future__ import annotations
 import inspect
 import re
 
+import torch
+
 from .diagnose import rule
 
 KINDS = ("dq", "dkdv")
@@ -206,4 +208,35 @@ def _grid_short(ctx):
             axis, got, want, why = hit
             return (f"'{r.case.name}': grid axis {axis} is {got} where {want} belongs: {why}; "
                     f"{ctx.case_pattern()}")
+    return None
+
+
+def _rows_written(t) -> int:
+    """How many leading rows (keys for dK, dV) of a partly unwritten output hold values: n when
+    rows 0 ... n - 1 were written and every later one was not; -1 for any other picture."""
+    a = t.actual
+    if a is None or a.dim() != 4 or not t.unwritten:
+        return -1
+    written = torch.isfinite(a).flatten(3).any(-1).any(0).any(0)          # [rows]
+    n = int(written.sum())
+    return n if n and bool(written[:n].all()) else -1
+
+
+@rule("block_offset_step", "the programs' rows overlap: a block's first row is its program id, not id * BLOCK",
+      "Program p owns rows p * BLOCK ... p * BLOCK + BLOCK - 1: offs = pid * BLOCK + tl.arange(0, BLOCK). "
+      "Without the * BLOCK the programs start one row apart, so their blocks overlap and the rows past "
+      "(programs + BLOCK - 1) are never written.", kinds=KINDS)
+def _block_offset_step(ctx):
+    block = "BLOCK_M" if ctx.kind == "dq" else "BLOCK_N"
+    for r in ctx.failing:
+        for launch in r.launch_args or ():
+            size, grid = launch.args.get(block), launch.grid
+            if not isinstance(size, int) or not grid:
+                continue
+            for t in r.bad():
+                n = _rows_written(t)
+                if n > 0 and n == grid[0] + size - 1 and grid[0] > 1:
+                    return (f"'{r.case.name}': {t.name} holds values in rows 0-{n - 1} only: {grid[0]} programs "
+                            f"of {block} = {size} rows starting one row apart reach row {grid[0] - 1} + {size - 1}; "
+                            f"{ctx.case_pattern()}")
     return None
