@@ -136,6 +136,8 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 "exp_difference:masked": {"P": (torch.exp(ref.S) - torch.exp(lse)).masked_fill(hidden, 0.0)},
                 # the row's maximum where the LSE belongs: the numerator of a stable softmax only
                 "p_max_not_lse": {"P": torch.exp(ref.S - ref.S.amax(-1, keepdim=True))},
+                # the row's maximum subtracted on top of the LSE, which already holds it
+                "p_max_and_lse": {"P": torch.exp(ref.S - ref.S.amax(-1, keepdim=True) - lse)},
                 **mask_variants(case, x, "rebuild_p")}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,

@@ -71,7 +71,36 @@ def window_slips(S_q: int, S_k: int, window) -> dict:
         slips[f"window_left_off:{off}"] = visible(S_q, S_k, window, left_off=off)
         slips[f"window_right_off:{off}"] = visible(S_q, S_k, window, right_off=off)
     slips.update(_edge_slips(i, j, *window))
+    slips.update(_setup_slips(S_q, S_k, window))
     return {n: m for n, m in slips.items() if not torch.equal(m, right_mask)}
+
+
+def _setup_slips(S_q: int, S_k: int, window) -> dict:
+    """Slips around the two edges: a mask that starts causal (ones(...).tril()), the right edge
+    tested only inside the left's if, positions counted from 1 on one axis, the -1 sentinel
+    clamped to 0, and ``seen = seen & j <= i + right`` (& binds before <=)."""
+    left, right = window
+    i, j = torch.arange(S_q)[:, None], torch.arange(S_k)[None, :]
+    right_mask = visible(S_q, S_k, window)
+    out = {"window_starts_causal": right_mask & (j <= i),
+           "window_sentinel_clamped": visible(S_q, S_k, tuple(max(w, 0) for w in window)),
+           "window_one_based:keys": _shifted(i, j + 1, left, right),
+           "window_one_based:queries": _shifted(i + 1, j, left, right)}
+    if left < 0 and right >= 0:           # if right >= 0 nested in if left >= 0: never reached
+        out["window_right_nested"] = torch.ones(S_q, S_k, dtype=torch.bool)
+    if right >= 0:                        # seen = (seen & j) <= i + right: a bitwise and of positions
+        before = (j >= i - left) if left >= 0 else torch.ones(S_q, S_k, dtype=torch.bool)
+        out["window_and_precedence"] = (before.long() & j) <= i + right
+    return out
+
+
+def _shifted(i, j, left: int, right: int) -> torch.Tensor:
+    seen = torch.ones(i.shape[0], j.shape[1], dtype=torch.bool)
+    if left >= 0:
+        seen &= j >= i - left
+    if right >= 0:
+        seen &= j <= i + right
+    return seen
 
 
 def _edge_slips(i, j, left: int, right: int) -> dict:

@@ -67,6 +67,24 @@ _slip_rule("window_empty", "the mask is False everywhere: it starts empty",
 _slip_rule("window_elif", "the second side is tested with elif: it is skipped whenever the first applies",
            WINDOW_IDEA + " The two sides are independent conditions: two `if`s, each adding its own limit. "
            "`elif` runs the second only when the first did not.")
+_slip_rule("window_right_nested", "the right edge is tested inside the left side's if: it applies only when left is limited",
+           WINDOW_IDEA + " The two sides are independent: `if right >= 0:` sits at the same level as "
+           "`if left >= 0:`, not indented under it. Nested, a window with no left limit -- causal "
+           "(-1, 0) among them -- loses its right edge too, while windows limited on the left are right.")
+_slip_rule("window_starts_causal", "the mask starts from the causal triangle, not from all True",
+           WINDOW_IDEA + " Start from a mask where every key is seen, torch.ones(S_q, S_k, dtype=torch.bool), and "
+           "take keys away per limited side. Starting from .tril() hides every key after the query "
+           "even when right allows some (or is -1, no limit).")
+_slip_rule("window_sentinel_clamped", "-1 (no limit) is clamped to 0, a limit of zero keys",
+           WINDOW_IDEA + " max(w, 0) turns the sentinel -1 into 0: no key on that side at all "
+           "((-1, -1) keeps only the diagonal). Test the sentinel (if left >= 0) instead of clamping it.")
+_slip_rule("window_one_based", "positions counted from 1 on one axis and from 0 on the other",
+           WINDOW_IDEA + " Query and key positions both start at 0 (torch.arange(S)); numbering one of "
+           "them from 1 shifts every window by one key: one extra key on one side, one fewer on the other.")
+_slip_rule("window_and_precedence", "`seen & j <= i + right`: & binds before <=",
+           WINDOW_IDEA + " In Python & binds tighter than the comparisons: seen & j <= i + right is "
+           "(seen & j) <= (i + right), a bitwise and of the mask with the key positions. Parenthesise the "
+           "comparison, seen & (j <= i + right), or write seen &= j <= i + right.")
 _slip_rule("window_both_required",
            "a one-sided window gets no limit at all: the limits apply only when both sides are given",
            WINDOW_IDEA + " Each side is its own condition: `if left >= 0: seen &= j >= i - left`, then "

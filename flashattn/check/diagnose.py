@@ -257,9 +257,19 @@ def fingerprint_test(name: str):
                 all(any(not t.finite for t in r.tensors.values()) for r in rest):
             overflow = f" (the other {len(rest)} overflowed to inf or NaN)" if rest else ""
             return (f"in {len(matched)} of {len(ctx.failing)} failing cases your outputs match that "
-                    f"computation exactly{overflow}; {ctx.tensor_pattern()}")
+                    f"computation exactly{overflow}; {ctx.tensor_pattern()}{_only_without_causal(ctx)}")
         return None
     return test
+
+
+def _only_without_causal(ctx) -> str:
+    """A note when exactly the non-causal cases fail: the right computation ran only under causal."""
+    causal = [r for r in ctx.results if getattr(r.case, "causal", None) is True]
+    if causal and all(r.ok for r in causal) and all(getattr(r.case, "causal", None) is False for r in ctx.failing):
+        return ("; only cases without the causal mask fail, and every causal case passes: the step that "
+                "computes this right runs only under causal -- inside the `if causal:` branch (indented "
+                "one level too deep?) where it belongs before it")
+    return ""
 
 
 def fingerprint_rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None, name: Optional[str] = None):

@@ -155,6 +155,12 @@ def _specific_idea(r, sources: list = ()):
     plumbing = _autograd_idea(r, list(sources)) or _used_before_assigned(r)
     if plumbing:
         return plumbing
+    saves = [line.strip() for src in sources for line in src.splitlines() if "save_for_backward(" in line
+             and not line.strip().startswith("#")]
+    if re.search(r"values to unpack", message) and len(saves) > 1:
+        return (f"save_for_backward is called {len(saves)} times ({'; '.join(f'`{s}`' for s in saves)}): each call "
+                f"*replaces* what the previous one saved, so ctx.saved_tensors holds the last call's tensors only. "
+                f"Save everything in one call, ctx.save_for_backward(q, k, v, o, lse).")
     if re.search(r"cannot be multiplied|size mismatch|Expected size for first two dimensions", message) and "@" in line:
         shapes, names = _shapes(r.error), size_names(c)
         same = [n for n, sh in shapes.items() if list(shapes.values()).count(sh) > 1 and len(sh) >= 2]
@@ -463,6 +469,11 @@ _EXCEPTION_IDEAS = [
      "The package refused the LSE or delta you passed: both hold one number per query row, [B, H, "
      "S_q], as attention_forward and attention_backward_delta return them. The message says which "
      "and what it got."),
+    (r"does not require grad and does not have a grad_fn",
+     "The output reached backward() without a gradient function: autograd does not see it as "
+     "computed from the inputs. In an autograd.Function that is ctx.mark_non_differentiable(o) "
+     "(only for outputs with no gradient, like an index or the LSE), or an output computed under "
+     "torch.no_grad() or .detach()-ed on the way out."),
     (r"incorrect number of gradients",
      "backward returns one value per input of forward, in order, None for the non-tensor ones."),
     (r"must be a bool|must be a float|must be a torch.Tensor",

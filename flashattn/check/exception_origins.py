@@ -37,7 +37,7 @@ def _compiled_made_by(exc: BaseException, name: str) -> str:
         if isinstance(src, str) and getattr(node, "lineno", None):
             target = re.compile(rf"^\s*{re.escape(name)}\s*=(?!=)")
             above = src.splitlines()[:node.lineno - 1]
-            return next((l.split("#")[0].strip() for l in reversed(above) if target.match(l)), "")
+            return next((ln.split("#")[0].strip() for ln in reversed(above) if target.match(ln)), "")
     return ""
 
 

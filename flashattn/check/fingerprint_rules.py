@@ -45,6 +45,13 @@ _fp("delta_scalar", "delta is one number for everything, not one per query row",
     "delta_i = rowsum(dO * O)_i belongs to query row i (and to its batch element and head): sum "
     "over the last dimension only, keeping it, (do * o).sum(-1, keepdim=True). A .sum() over "
     "every dimension subtracts the same total from every row.", kinds=("backward",))
+_fp("ds_from_s", "dS is built from the scores S where P belongs",
+    "dS = P * (dP - delta): the softmax's Jacobian multiplies by the probabilities P, not by the "
+    "scores S they came from (S is -inf at hidden keys: -inf times anything is inf or NaN).",
+    kinds=("backward",))
+_fp("log_softmax", "P is log_softmax(S): log-probabilities where the probabilities belong",
+    "torch.log_softmax returns log P (negative, -inf at hidden keys). Attention weights the values by "
+    "P itself: torch.softmax(S, dim=-1).", kinds=("backward",))
 _fp("delta_per_head", "delta is one number per head, summed over the query rows too",
     "delta_i = rowsum(dO * O)_i belongs to query row i: sum over the last dimension (the D "
     "features) only, (do * o).sum(-1, keepdim=True). Summing over (-2, -1) adds every row of the "
@@ -66,6 +73,12 @@ def _no_mask(ctx):
     if evidence is None:
         return None
     wrong = [n for n in ctx.names if ctx.wrong_in(n)]
+    if wrong in (["dK"], ["dQ"], ["dQ", "dK"]) and "dV" in ctx.names:    # dV's P masked, dS's not
+        return evidence, (f"Only {' and '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} wrong, and "
+                          f"{'it equals' if len(wrong) == 1 else 'they equal'} the gradient with P unmasked: the "
+                          f"P of dV = P^T dO is masked (dV is right in every case), the P that dS = P * (dP - "
+                          f"delta) uses is not -- dS built from an exponential computed again, without the "
+                          f"mask. Build dS from the masked P.")
     if wrong == ["dV"]:        # dK right: dS was masked; the P of dV = P^T dO was not
         return evidence, ("Only dV is wrong, and it equals dV with P unmasked: the mask reaches dS (dK is "
                           "right in every case) but not the P that dV = P^T dO uses. Mask P itself, before "
@@ -308,6 +321,9 @@ _fp("exp_difference", "P = exp(S) - exp(LSE): a difference where a quotient belo
     "exp(S - LSE) = exp(S) / exp(LSE): subtracting in the exponent divides after it. Keep the "
     "subtraction inside one exponential, torch.exp(S - lse[..., None]) (exp(S) alone also "
     "overflows for large scores, which is why the LSE is subtracted first).", kinds=("rebuild_p",))
+_fp("p_max_and_lse", "P is exp(S - rowmax - LSE): the row's maximum is subtracted on top of the LSE",
+    "The LSE already holds the maximum: LSE = max + log(sum_j exp(S_j - max)). P = exp(S - LSE) "
+    "needs nothing else; subtracting the maximum too divides every row by exp(max).", kinds=("rebuild_p",))
 _fp("p_max_not_lse", "P is exp(S - rowmax): the row's maximum where the LSE belongs",
     "exp(S - max) is only the numerator of a stable softmax: its rows sum to more than 1. The LSE "
     "is max + log(sum_j exp(S_j - max)), the maximum *and* the normaliser in one number, so "
@@ -342,6 +358,14 @@ _fp("online_alpha_block_max", "alpha rescales against the block's maximum, not t
     "one, m_new = max(m_old, max of this block), the same maximum p = exp(s - m_new) uses. Against "
     "the block's own maximum, alpha exceeds 1 whenever the block's scores are below the running "
     "maximum (and is inf for a block whose keys are all hidden).", kinds=("online_softmax",))
+_fp("online_normalise_in_loop", "each block's p V is divided by l inside the loop: O is normalised twice",
+    "acc holds the unnormalised sum of p V, rescaled by alpha as the maximum grows; the division by "
+    "the full normaliser l happens once, after the loop (O = acc / l). Dividing each block's share by "
+    "the running l as well normalises it twice.", kinds=("online_softmax",))
+_fp("online_mask_zero", "hidden scores are set to 0, not -inf",
+    "A hidden key must get weight exp(-inf) = 0: masked_fill(cols > rows, float('-inf')). Filled with "
+    "0, its score is an ordinary one, exp(0 - m) > 0, and it enters l, acc and the LSE.",
+    kinds=("online_softmax",))
 _fp("online_block_softmax", "each block is normalised by its own softmax",
     "p = exp(s - m_new), unnormalised: the division happens once, at the end, by l -- the sum over "
     "*every* block, each rescaled by alpha. A softmax per block divides each block by its own sum, "
@@ -412,6 +436,23 @@ _fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query ro
     "tau/(i+1) belongs to query row i: divide each *row* of dP by i + 1 (a column vector, "
     "one value per row). A vector of length L broadcasts along the last axis, dividing column j "
     "by j + 1 instead.", kinds=("lazy",))
+_fp("lazy_delta_scalar", "delta is one number for the whole head: summed over every row too",
+    "delta_i = rowsum(P * dP)_i, one number per query row: (P * dP).sum(-1, keepdim=True). A .sum() "
+    "over everything subtracts the head's total from every entry of dP.", kinds=("lazy",))
+_fp("lazy_ds_gated", "the ReLU's gate is applied to dS too",
+    "The gate belongs to dP = dA * gate only. dS = P * (dP - delta) then runs the softmax's Jacobian, "
+    "whose - P * delta term reaches every visible entry, clipped by the ReLU or not: multiplying dS by "
+    "the gate again drops that term where the ReLU clipped.", kinds=("lazy",))
+_fp("lazy_dp_modified", "dP is changed in place before dTau reads it",
+    "dP.sub_(delta) (or -=) writes dP - delta into dP itself: dS comes out right, but dTau = "
+    "sum_i rowsum(dP)_i / (i + 1), computed afterwards, now sums dP - delta. Compute dP - delta into a "
+    "new tensor (dP - delta), leaving dP as it is.", kinds=("lazy",))
+_fp("lazy_dtau_floor", "dTau divides with //: floor division rounds each row down",
+    "x // n is floor division: on floats it rounds every quotient down to a whole number. dTau's "
+    "1/(i+1) is a true division, /.", kinds=("lazy",))
+_fp("lazy_dbias_last_zero", "dBias' last entry (d = W) is 0: its guard stops one diagonal early",
+    "bias[d] for d = 0 ... W sits on diagonal d of dS; the guard only skips diagonals past the matrix "
+    "(d >= L). A guard d < W leaves the last diagonal, d = W, at 0.", kinds=("lazy",))
 _fp("lazy_gate_causal_transposed", "the gate's causal mask is transposed: j >= i where j <= i belongs",
     "Query i sees keys j <= i: the causal mask is i[None, :] <= i[:, None] (row index i down the "
     "rows, key index j along the columns), the lower triangle. i[:, None] <= i[None, :] is the "

@@ -118,6 +118,8 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["scale_divided"] = _grads_from_p(case, x, torch.softmax(divided, dim=-1))
         # a hand-written "stable softmax": exp(S - rowmax) never divided by the row sum
         out["softmax_unnormalised"] = _grads_from_p(case, x, torch.exp(ref.S - ref.S.amax(-1, keepdim=True)))
+        out["ds_from_s"] = _grads_from_p(case, x, ref.P, dS=ref.S * (ref.dP - ref.delta[..., None]))   # S for P
+        out["log_softmax"] = _grads_from_p(case, x, torch.log_softmax(ref.S, dim=-1))
         twice = ref.S * s                                                # the scale applied twice
         out["scale_twice"] = _grads_from_p(case, x, torch.softmax(twice, dim=-1))
     if kind in ("dq", "dkdv"):                                           # scores scaled again before exp
@@ -250,6 +252,8 @@ def _operand_variants(case: Case, x: Inputs) -> dict:
         if X.shape == ref.dO.shape:
             out[f"operand:dV = P^T {name}"] = {"dV": dt(sum_groups(ref.P.transpose(-1, -2) @ X, Hk))}
     out["operand:dP = O V^T"] = _grads_from_p(case, x, ref.P, dP=ref.O @ v_full.transpose(-1, -2))
+    if ref.dV.shape == v_full.shape:          # the gradient dV, computed a line above, for V
+        out["operand:dP = dO dV^T"] = _grads_from_p(case, x, ref.P, dP=ref.dO @ ref.dV.transpose(-1, -2))
     # dP (or P) where dS belongs in dK = dS^T Q, dQ = dS K
     for name, M in (("dP", ref.dP), ("P", ref.P)):
         out[f"operand:dK = {name}^T Q"] = {"dK": dt(sum_groups(M.transpose(-1, -2) @ q, Hk) * s)}
@@ -438,6 +442,8 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_v_from_k": _online(case, x, case.scale_value, torch.exp, slip="v_from_k"),
             "online_alpha_block_max": _online(case, x, case.scale_value, torch.exp, slip="alpha_block_max"),
             "online_block_softmax": _online(case, x, case.scale_value, torch.exp, slip="block_softmax"),
+            "online_normalise_in_loop": _online(case, x, case.scale_value, torch.exp, slip="normalise_in_loop"),
+            "online_mask_zero": _online(case, x, case.scale_value, torch.exp, slip="mask_zero"),
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -457,7 +463,7 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
         s = q @ k[..., n0:end, :].transpose(-1, -2) * scale
         if case.causal:
             cols = torch.arange(n0, end, device=q.device)[None, :]
-            s = s.masked_fill(cols > rows, float("-inf"))
+            s = s.masked_fill(cols > rows, 0.0 if slip == "mask_zero" else float("-inf"))   # mask_zero: S = 0
         m_new = s.amax(-1, keepdim=True) if slip == "block_max" else torch.maximum(m, s.amax(-1, keepdim=True))
         # alpha_block_max: the old sums rescaled against this block's maximum, not the new one
         alpha = torch.exp(m - (s.amax(-1, keepdim=True) if slip == "alpha_block_max" else m_new))
@@ -471,7 +477,8 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
             acc = acc + alpha * (p @ v[..., n0:end, :])
         else:
             l = l * alpha + p.sum(-1, keepdim=True)
-            acc = acc * alpha + p @ v[..., n0:end, :]
+            # normalise_in_loop: each block's p V divided by the running l too (and again at the end)
+            acc = acc * alpha + p @ v[..., n0:end, :] / (l if slip == "normalise_in_loop" else 1.0)
         if slip != "max_not_kept":
             m = m_new
     # O returned as the running sum acc, never divided by the normaliser l
@@ -579,77 +586,6 @@ def matching(variants: dict, tensors: dict, tol: float, expected: Optional[dict]
             if name.startswith(("operand:", "scale_value:")):      # which product, which value: the rule names it
                 found.add(name)
     return found
-
-
-def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
-    """The classic mistakes of the lazy-attention backward, for the heads of one batch element
-    (q, k, v, do ``[H, L, D]``, bias ``[H, W+1]``, tau ``[H]``; ``f``: the explicit formulas of
-    ``lazy.reference.lazy_backward_formulas`` for them, batch dimension dropped)."""
-    from ..lazy.reference import diagonal_sums
-
-    L = q.shape[-2]
-    W = bias.shape[-1] - 1
-    i = torch.arange(L)
-    inv = 1.0 / (i + 1).double()
-    causal = i[None, :] <= i[:, None]
-    P, dP, dA, gate, dS = f["P"], f["dP"], f["dA"], f["gate"], f["dS"]
-    dS_wrong_delta = P * (dP - f["delta_wrong"][..., None])
-    dP_no_gate = dA * causal
-    dS_from_dA = P * (dA - (P * dP).sum(-1, keepdim=True))        # dA where dP = dA * gate belongs
-    dS_from_A = f["A"] * (dP - f["delta"][..., None])             # A where the softmax's P belongs
-    dS_delta_da = P * (dP - (P * dA).sum(-1, keepdim=True))       # delta from the ungated dA
-    lengths = (L - torch.arange(W + 1)).clamp_min(1).double()     # entries on diagonal d (0 past L)
-    c = tau.double()[:, None] * inv                                # [H, L]: tau / (i + 1)
-
-    A = f["A"]
-    dP2 = dA * (causal & (P + (tau.double()[:, None] / (i + 2).double())[..., None] > 0))
-    dPa = dA * (causal & (A + c[..., None] > 0))
-
-    def from_ds(dS_):   # the gradients that follow from a (wrong) dS
-        return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale, "dBias": diagonal_sums(dS_, W)}
-
-    def from_dp(dP_):   # every gradient that follows from a (wrong) dP, delta taken from it
-        return {**from_ds(P * (dP_ - (P * dP_).sum(-1, keepdim=True))), "dTau": (dP_.sum(-1) * inv).sum(-1)}
-    return {
-        "lazy_delta": from_ds(dS_wrong_delta),
-        "lazy_gate": from_dp(dP_no_gate),
-        # no gate at all, not even the causal one (dP = dA): dTau sums dA over hidden keys too
-        "lazy_gate:ungated": from_dp(dA),
-        "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
-        "lazy_dk_transpose": {"dK": dS @ q * scale},
-        "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
-        "lazy_dbias_diagonals": {"dBias": diagonal_sums(dS.transpose(-1, -2), W)},
-        "lazy_dtau_count": {"dTau": (dA * gate).sum((-2, -1))},
-        "lazy_dtau_gate": {"dTau": ((dA * causal).sum(-1) * inv).sum(-1)},
-        "lazy_dtau_causal": {"dTau": (dA.sum(-1) * inv).sum(-1)},
-        "lazy_ds_from_da": from_ds(dS_from_dA),
-        "lazy_ds_from_a": from_ds(dS_from_A),
-        "lazy_dbias_from_dp": {"dBias": diagonal_sums(dP, W)},
-        # the ReLU's gate without the causal condition: hidden entries (P = 0) pass where c > 0
-        "lazy_gate_not_causal": {"dTau": ((dA * (P + c[..., None] > 0)).sum(-1) * inv).sum(-1)},
-        # c = tau / (i + 1) lined up with the keys (columns) in the gate
-        "lazy_gate_c_column": from_dp(dA * (causal & (P + c[:, None, :] > 0))),
-        "lazy_delta_from_da": from_ds(dS_delta_da),
-        "lazy_dbias_mean": {"dBias": diagonal_sums(dS, W) / lengths},
-        # dP = dA.masked_fill(gate, 0): the gate the wrong way round
-        "lazy_gate_inverted": from_dp(dA * ~gate),
-        # diagonals 1 ... W + 1 where 0 ... W belong (range(1, W + 2))
-        "lazy_dbias_shifted": {"dBias": diagonal_sums(dS, W + 1)[..., 1:]},
-        # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
-        "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},
-        # the gate's causal mask transposed (i <= j): the future passes, the past is cut
-        "lazy_gate_causal_transposed": from_dp(dA * (causal.T & (P + c[..., None] > 0))),
-        # P - c > 0 where the ReLU's argument is P + c
-        "lazy_gate_sign": from_dp(dA * (causal & (P - c[..., None] > 0))),
-        # positions 1 ... L where the formulas already add 1: c = tau / (i + 2), dTau / (i + 2)
-        "lazy_positions_one_based": {**from_ds(P * (dP2 - (P * dP2).sum(-1, keepdim=True))),
-                                     "dTau": (dP2.sum(-1) / (i + 2).double()).sum(-1)},
-        # (P, A, O) unpacked as (A, P, O): the ReLU's output where the softmax belongs, and back
-        "lazy_p_a_swapped": {**from_ds(A * (dPa - (A * dPa).sum(-1, keepdim=True))),
-                             "dV": P.transpose(-1, -2) @ do, "dTau": (dPa.sum(-1) * inv).sum(-1)},
-        # delta without keepdim: [L] lines up with the columns, key j gets delta_j
-        "lazy_delta_columns": from_ds(P * (dP - (P * dP).sum(-1)[..., None, :])),
-    }
 
 
 def overcounted(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:

@@ -240,3 +240,24 @@ def _block_offset_step(ctx):
                             f"of {block} = {size} rows starting one row apart reach row {grid[0] - 1} + {size - 1}; "
                             f"{ctx.case_pattern()}")
     return None
+
+
+_PROGRAM_AXIS = re.compile(r"program_id\(\s*(?:axis\s*=\s*)?(\d)\s*\)")
+
+
+@rule("grid_missing_axis", "the grid has fewer axes than the kernel's tl.program_id reads",
+      "tl.program_id(axis) is 0 on every axis the grid does not have: a kernel that takes its "
+      "(batch, head) from program_id(1) needs a two-axis grid, (row blocks, B * heads). Flattened "
+      "into one axis, every program computes batch 0, head 0, and the rest is never written.", kinds=KINDS)
+def _grid_missing_axis(ctx):
+    for r in ctx.failing:
+        for launch in r.launch_args or ():
+            try:
+                src = inspect.getsource(launch.fn)
+            except (OSError, TypeError):
+                continue
+            axes = [int(a) for a in _PROGRAM_AXIS.findall(src)]
+            if launch.grid and axes and max(axes) >= len(launch.grid):
+                return (f"'{r.case.name}': the grid {tuple(launch.grid)} has {len(launch.grid)} axis(es), and "
+                        f"the kernel reads tl.program_id({max(axes)}); {ctx.case_pattern()}")
+    return None

@@ -4,7 +4,7 @@
 (q, k, v, do ``[L, D]``, bias ``[W+1]``, tau a 0-d tensor). The cases -- a window of 0, a window
 longer than the sequence, tau positive and negative (sparse rows) -- run every head, and the
 results go through the same table and diagnosis as the other checkers, with the classic lazy
-mistakes as fingerprints (``fingerprints.lazy_variants``).
+mistakes as fingerprints (:func:`lazy_variants`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import torch
 
 from .battery import Case
 from .diagnose import ShapeError
-from .fingerprints import lazy_variants
 from .runner import run_battery
 
 
@@ -90,3 +89,85 @@ def lazy_backward(fn, *, seed: int = 0, raise_on_fail: bool = True, show: bool =
     return run_battery("check.lazy_backward", fn, LAZY_CASES, run_case, kind="lazy",
                        dtype=torch.float64, seed=seed, with_do=True, raise_on_fail=raise_on_fail,
                        show=show, variants=variants, make=_make, tol=1e-8)
+
+
+def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
+    """The classic mistakes of the lazy-attention backward, for the heads of one batch element
+    (q, k, v, do ``[H, L, D]``, bias ``[H, W+1]``, tau ``[H]``; ``f``: the explicit formulas of
+    ``lazy.reference.lazy_backward_formulas`` for them, batch dimension dropped)."""
+    from ..lazy.reference import diagonal_sums
+
+    L = q.shape[-2]
+    W = bias.shape[-1] - 1
+    i = torch.arange(L)
+    inv = 1.0 / (i + 1).double()
+    causal = i[None, :] <= i[:, None]
+    P, dP, dA, gate, dS = f["P"], f["dP"], f["dA"], f["gate"], f["dS"]
+    dS_wrong_delta = P * (dP - f["delta_wrong"][..., None])
+    dP_no_gate = dA * causal
+    dS_from_dA = P * (dA - (P * dP).sum(-1, keepdim=True))        # dA where dP = dA * gate belongs
+    dS_from_A = f["A"] * (dP - f["delta"][..., None])             # A where the softmax's P belongs
+    dS_delta_da = P * (dP - (P * dA).sum(-1, keepdim=True))       # delta from the ungated dA
+    lengths = (L - torch.arange(W + 1)).clamp_min(1).double()     # entries on diagonal d (0 past L)
+    c = tau.double()[:, None] * inv                                # [H, L]: tau / (i + 1)
+
+    A = f["A"]
+    dP2 = dA * (causal & (P + (tau.double()[:, None] / (i + 2).double())[..., None] > 0))
+    dPa = dA * (causal & (A + c[..., None] > 0))
+
+    def from_ds(dS_):   # the gradients that follow from a (wrong) dS
+        return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale, "dBias": diagonal_sums(dS_, W)}
+
+    def from_dp(dP_):   # every gradient that follows from a (wrong) dP, delta taken from it
+        return {**from_ds(P * (dP_ - (P * dP_).sum(-1, keepdim=True))), "dTau": (dP_.sum(-1) * inv).sum(-1)}
+    return {
+        "lazy_delta": from_ds(dS_wrong_delta),
+        "lazy_gate": from_dp(dP_no_gate),
+        # no gate at all, not even the causal one (dP = dA): dTau sums dA over hidden keys too
+        "lazy_gate:ungated": from_dp(dA),
+        "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
+        "lazy_dk_transpose": {"dK": dS @ q * scale},
+        "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
+        "lazy_dbias_diagonals": {"dBias": diagonal_sums(dS.transpose(-1, -2), W)},
+        "lazy_dtau_count": {"dTau": (dA * gate).sum((-2, -1))},
+        "lazy_dtau_gate": {"dTau": ((dA * causal).sum(-1) * inv).sum(-1)},
+        "lazy_dtau_causal": {"dTau": (dA.sum(-1) * inv).sum(-1)},
+        "lazy_ds_from_da": from_ds(dS_from_dA),
+        "lazy_ds_from_a": from_ds(dS_from_A),
+        "lazy_dbias_from_dp": {"dBias": diagonal_sums(dP, W)},
+        # the ReLU's gate without the causal condition: hidden entries (P = 0) pass where c > 0
+        "lazy_gate_not_causal": {"dTau": ((dA * (P + c[..., None] > 0)).sum(-1) * inv).sum(-1)},
+        # c = tau / (i + 1) lined up with the keys (columns) in the gate
+        "lazy_gate_c_column": from_dp(dA * (causal & (P + c[:, None, :] > 0))),
+        "lazy_delta_from_da": from_ds(dS_delta_da),
+        "lazy_dbias_mean": {"dBias": diagonal_sums(dS, W) / lengths},
+        # dP = dA.masked_fill(gate, 0): the gate the wrong way round
+        "lazy_gate_inverted": from_dp(dA * ~gate),
+        # diagonals 1 ... W + 1 where 0 ... W belong (range(1, W + 2))
+        "lazy_dbias_shifted": {"dBias": diagonal_sums(dS, W + 1)[..., 1:]},
+        # 1/(i+1) lined up with the columns: (dP / (i + 1)) divides column j by j + 1
+        "lazy_dtau_broadcast": {"dTau": (dP * inv[None, :]).sum((-2, -1))},
+        # the gate's causal mask transposed (i <= j): the future passes, the past is cut
+        "lazy_gate_causal_transposed": from_dp(dA * (causal.T & (P + c[..., None] > 0))),
+        # P - c > 0 where the ReLU's argument is P + c
+        "lazy_gate_sign": from_dp(dA * (causal & (P - c[..., None] > 0))),
+        # positions 1 ... L where the formulas already add 1: c = tau / (i + 2), dTau / (i + 2)
+        "lazy_positions_one_based": {**from_ds(P * (dP2 - (P * dP2).sum(-1, keepdim=True))),
+                                     "dTau": (dP2.sum(-1) / (i + 2).double()).sum(-1)},
+        # (P, A, O) unpacked as (A, P, O): the ReLU's output where the softmax belongs, and back
+        "lazy_p_a_swapped": {**from_ds(A * (dPa - (A * dPa).sum(-1, keepdim=True))),
+                             "dV": P.transpose(-1, -2) @ do, "dTau": (dPa.sum(-1) * inv).sum(-1)},
+        # delta without keepdim: [L] lines up with the columns, key j gets delta_j
+        "lazy_delta_columns": from_ds(P * (dP - (P * dP).sum(-1)[..., None, :])),
+        # delta = (P * dP).sum(): one number for the head's whole matrix
+        "lazy_delta_scalar": from_ds(P * (dP - (P * dP).sum((-2, -1), keepdim=True))),
+        # the gate applied to dS too: dS = P * (dP - delta) * gate
+        "lazy_ds_gated": from_ds(dS * gate),
+        # dP - delta in place (dP.sub_(delta)) before dTau reads dP
+        "lazy_dp_modified": {"dTau": ((dP - f["delta"][..., None]).sum(-1) * inv).sum(-1)},
+        # // for /: each row's dP sum divided by i + 1 and rounded down
+        "lazy_dtau_floor": {"dTau": torch.floor(dP.sum(-1) * inv).sum(-1)},
+        # the last diagonal (d = W) left at 0: a guard d < W where d < L belongs
+        "lazy_dbias_last_zero": {"dBias": torch.cat([diagonal_sums(dS, W)[..., :-1],
+                                                     torch.zeros_like(diagonal_sums(dS, W)[..., -1:])], -1)},
+    }

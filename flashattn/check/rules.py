@@ -22,7 +22,7 @@ from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
-from .shape_names import shape_story
+from .shape_names import aliased_buffers, lost_axes, shape_story
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -143,6 +143,9 @@ def _shape(ctx):
                          "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
                          "return o, and put what the backward needs besides (the LSE) into "
                          "ctx.save_for_backward.")
+    aliased = aliased_buffers(ctx)
+    if aliased:
+        return message, aliased
     m = re.search(r"(\w+) has shape \(([\d, ]+)\), expected (?:\[[\w, ]+\] = )?[(\[]([\d, ]+)[)\]]", message)
     if m:
         got = [int(x) for x in m.group(2).split(",") if x.strip()]
@@ -157,7 +160,7 @@ def _shape(ctx):
                              f"({got[i]} where {want[i]} belongs): a range or slice one off -- Python's "
                              f"range(n) and [a:b] leave out their end (n, b); W + 1 diagonals are range(W + 1).")
         if len(got) < len(want) and got == [w for w in want if w != 1][:len(got)] and 1 in want:
-            return message, _lost_axes(ctx, m.group(1), got, want)
+            return message, lost_axes(ctx, m.group(1), got, want)
         if got == want + [1]:
             return message, (f"{m.group(1)} has an extra trailing axis of size 1: {tuple(got)} where "
                              f"{tuple(want)} belongs. A running maximum or sum kept with keepdim=True (or "
@@ -166,22 +169,9 @@ def _shape(ctx):
     return message
 
 
-def _lost_axes(ctx, name: str, got: list, want: list) -> str:
-    """Why an output lost its size-1 axes: a squeeze() with no dimension, or a result indexed [0]."""
-    from .code_rules import _first_line
-
-    lost = f"{name} lost its size-1 dimension(s): {tuple(want)} became {tuple(got)}."
-    indexed = _first_line(ctx, lambda c: re.search(r"\)\s*\[\s*0\s*\]\s*$", c) and "squeeze" not in c)
-    if indexed and not _first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)", c)):
-        return (f"{lost} `{indexed}` indexes a result with [0], which takes its first element along the "
-                f"first axis -- here the first batch element. A function that returns one tensor (as "
-                f"forward returns O alone, so apply does too) needs no [0]; a tuple is unpacked by name, "
-                f"o, lse = ....")
-    return (f"{lost} squeeze() without a dimension drops *every* axis of size 1 -- B, H or S_q of 1 "
-            f"too; squeeze(-1) (or [..., 0]) drops the one you mean.")
-
 
 from . import code_rules  # noqa: E402,F401  (slips the code itself shows: before the exceptions they cause)
+from . import line_slips  # noqa: E402,F401  (one line's Python or Triton slip, the same place)
 
 
 @rule("exception", "your code raised an exception",

@@ -3,10 +3,13 @@
 A learner reads "dk has shape (15, 2, 8), expected (14, 2, 8)" as a riddle; "dk is [total_q, H, D],
 shaped like q, where [total_k, H, D] belongs" as the answer. A case's sizes are chosen different
 from each other where the checkers can (S_q != S_k, D apart from both), so most sizes have one
-name; a size with two names (S_k = D = 32) stays a number rather than a guess.
+name; a size with two names (S_k = D = 32) stays a number rather than a guess. Two stories read
+the learner's source as well: buffers made by one chained assignment (one tensor under three
+names), and size-1 axes lost to squeeze() or to a result indexed [0].
 """
 from __future__ import annotations
 
+import re
 from typing import Optional
 
 
@@ -103,3 +106,32 @@ def shape_story(name: str, got, want, case) -> Optional[str]:
                 f"Find where {name} gets that size -- a range, a slice, an allocation -- and what it "
                 f"should count.")
     return None
+
+
+def aliased_buffers(ctx):
+    """`a = b = c = torch.zeros_like(q)`: one tensor under several names."""
+    from .code_rules import _first_line
+
+    line = _first_line(ctx, lambda c: re.match(r"^(\w+\s*=\s*){2,}\w[\w.]*\((?:[^()]|\([^()]*\))*\)$", c) and
+                       re.search(r"zeros|empty|full|ones", c))
+    if not line:
+        return None
+    names = [n.strip() for n in line.split("=")[:-1]]
+    return (f"`{line}` makes *one* tensor and gives it {len(names)} names: {', '.join(names)} are the same "
+            f"memory, so writing one writes them all, and all have the shape of the one tensor it copied. "
+            f"Make each buffer separately, shaped like its own input (zeros_like(q), zeros_like(k), ...).")
+
+
+def lost_axes(ctx, name: str, got: list, want: list) -> str:
+    """Why an output lost its size-1 axes: a squeeze() with no dimension, or a result indexed [0]."""
+    from .code_rules import _first_line
+
+    lost = f"{name} lost its size-1 dimension(s): {tuple(want)} became {tuple(got)}."
+    indexed = _first_line(ctx, lambda c: re.search(r"\)\s*\[\s*0\s*\]\s*$", c) and "squeeze" not in c)
+    if indexed and not _first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)", c)):
+        return (f"{lost} `{indexed}` indexes a result with [0], which takes its first element along the "
+                f"first axis -- here the first batch element. A function that returns one tensor (as "
+                f"forward returns O alone, so apply does too) needs no [0]; a tuple is unpacked by name, "
+                f"o, lse = ....")
+    return (f"{lost} squeeze() without a dimension drops *every* axis of size 1 -- B, H or S_q of 1 "
+            f"too; squeeze(-1) (or [..., 0]) drops the one you mean.")

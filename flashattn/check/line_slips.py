@@ -1,0 +1,189 @@
+"""Python and Triton slips that one line of the learner's code shows, whatever the formulas:
+an augmented assignment whose right side is a sum (``acc *= alpha + x``), a loop variable that
+already counts positions multiplied by the block size again, a ``return`` inside a loop, a
+boundary plus one where the next boundary belongs (``cu[b] + 1``), the same argument passed
+twice, a head count read from the head-dim axis, a tile addressed as if contiguous, a (batch,
+head) program id times the head stride alone, P filled with -inf after the exponential.
+
+Each fires only when outputs fail, and quotes the line. Registered by
+:mod:`flashattn.check.rules` with the other code rules, before the exceptions they cause.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+from .code_rules import _code_lines, _first_found, _first_line
+from .diagnose import rule
+from .origin import _unwrap
+
+_PACKAGE = Path(__file__).resolve().parent.parent
+#: every checker whose learner writes the formulas or the kernels
+KINDS = ("backward", "rebuild_p", "online_softmax", "lazy", "beyond", "dq", "dkdv", "autograd", "window")
+
+
+def _top_level(expr: str) -> str:
+    """``expr`` with every parenthesised, bracketed or braced group taken out."""
+    while True:
+        shorter = re.sub(r"\([^()]*\)|\[[^\[\]]*\]|\{[^{}]*\}", "", expr)
+        if shorter == expr:
+            return expr
+        expr = shorter
+
+
+_AUGMENTED = re.compile(r"^(\w+)\s*([*/])=\s*(.+)$")
+
+
+def _augmented_sum(line: str) -> bool:
+    m = _AUGMENTED.match(line)
+    return bool(m) and re.search(r"[^\s*/]\s*[-+]\s*\S", _top_level(m.group(3))) is not None
+
+
+@rule("augmented_precedence", "`x *= a + b` multiplies x by the whole sum",
+      "An augmented assignment applies its operator to everything on the right: acc *= alpha + p @ v "
+      "is acc = acc * (alpha + p @ v), not acc = acc * alpha + p @ v. An accumulator that starts at 0 "
+      "stays 0. Write the update out: acc = acc * alpha + p @ v.", kinds=KINDS)
+def _augmented_precedence(ctx):
+    line = _first_line(ctx, _augmented_sum) if ctx.failing else None
+    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+
+
+def _positions_times_block(src: str):
+    """The line multiplying a loop variable that steps by a block size by a block size again."""
+    for var, _ in re.findall(r"for\s+(\w+)\s+in\s+(?:tl\.)?range\([^()]*,\s*(BLOCK_\w+)\s*\)", src):
+        for line in _code_lines(src):
+            if re.search(rf"\b{var}\s*\*\s*BLOCK_\w+|BLOCK_\w+\s*\*\s*{var}\b", line):
+                return line
+    return None
+
+
+@rule("positions_times_block", "a loop variable that already counts positions is multiplied by the block size",
+      "range(start, end, BLOCK) steps by BLOCK: the loop variable is already the first position of "
+      "its block (0, BLOCK, 2 BLOCK, ...). Multiplied by BLOCK again, the second block starts at "
+      "BLOCK^2 -- past the end, masked away. Use it as it is: offs = start_n + tl.arange(0, BLOCK_N).",
+      kinds=("dq", "dkdv", "online_softmax", "beyond", "lazy"))
+def _positions_times_block_rule(ctx):
+    _, line = _first_found(ctx, _positions_times_block) if ctx.failing else (None, None)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+def _return_in_loop(src: str):
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While)) and any(isinstance(s, ast.Return) for s in node.body):
+            return ast.unparse(node).splitlines()[0]
+    return None
+
+
+@rule("return_in_loop", "a return inside the loop: the function returns after the first pass",
+      "The return sits in the loop's body (indented one level too deep), so the first iteration "
+      "returns and every later one -- the other sequences, blocks or heads -- never runs. Put the "
+      "return after the loop, at the function's own level.", kinds=KINDS)
+def _return_in_loop_rule(ctx):
+    _, header = _first_found(ctx, _return_in_loop) if ctx.failing else (None, None)
+    return f"`{header}` holds a return; {ctx.case_pattern()}" if header else None
+
+
+_BOUNDARY_PLUS_ONE = re.compile(r"\b(\w*cu\w*)\[\s*(\w+)\s*\]\s*\+\s*1\b")
+
+
+@rule("boundary_plus_one", "a boundary plus one where the next boundary belongs: cu[b] + 1 for cu[b + 1]",
+      "cu_seqlens holds the sequences' boundaries: sequence b is cu_seqlens[b] : cu_seqlens[b + 1]. "
+      "cu_seqlens[b] + 1 is one row past the start, so the slice keeps the sequence's first row only.",
+      kinds=("beyond",))
+def _boundary_plus_one(ctx):
+    line = _first_line(ctx, _BOUNDARY_PLUS_ONE.search) if ctx.failing else None
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+_HEADS_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(H|H_q|H_kv|n_?heads|num_heads|heads)\s*=\s*"
+                           r"((?:q|k|v|o|do|query|key|value)(?:_\w+)?)\.(?:shape\s*\[\s*-1\s*\]|size\(\s*-1\s*\))\s*$")
+
+
+@rule("heads_from_head_dim", "the number of heads is read from the last axis, the head dim",
+      "The head count is shape[1] -- of [B, H, S, D] and of a packed [total, H, D] alike; the last "
+      "axis is D, the head dimension. Every per-head tensor drawn or allocated with that count gets D "
+      "heads.", kinds=KINDS)
+def _heads_from_head_dim(ctx):
+    line = _first_line(ctx, _HEADS_FROM_D.search) if ctx.failing else None
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+def _same_argument_twice(ctx):
+    """(call, argument, [its two parameters]) for a call of the learner's own function that passes
+    one expression (not a name alone, not a constant) for two parameters."""
+    glb = getattr(_unwrap(ctx.subject), "__globals__", {})
+    for src in ctx.sources:
+        try:
+            tree = ast.parse(textwrap.dedent(src))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+                continue
+            code = getattr(glb.get(node.func.id), "__code__", None)
+            if code is None or _PACKAGE in Path(code.co_filename).resolve().parents:
+                continue          # the learner's own functions (a call into the package shows in its exception)
+            params = code.co_varnames[:code.co_argcount]
+            texts = [ast.unparse(a) for a in node.args]
+            for i, t in enumerate(texts):
+                if isinstance(node.args[i], (ast.Call, ast.Subscript)) and t in texts[i + 1:]:
+                    j = texts.index(t, i + 1)
+                    if j < len(params):
+                        return node.func.id, t, (params[i], params[j])
+    return None
+
+
+@rule("same_argument_twice", "one argument is passed for two parameters",
+      "The call hands the same expression to two parameters (a copied argument not fully changed?): "
+      "each parameter gets its own tensor, sliced its own way.", kinds=KINDS)
+def _same_argument(ctx):
+    found = _same_argument_twice(ctx) if ctx.failing else None
+    if not found:
+        return None
+    fn, arg, (a, b) = found
+    return f"{fn} gets `{arg}` both as {a} and as {b}; {ctx.tensor_pattern()}"
+
+
+_CONTIGUOUS = re.compile(r"tl\.(?:load|store)\(\s*\w+\s*\+\s*\w+\[[^\]]*\]\s*\*\s*(?:HEAD_DIM|BLOCK_D|D)\b")
+
+
+@rule("contiguous_assumed", "a tile is addressed as if its tensor were contiguous",
+      "A row's address is row * stride_s + column * stride_d, with the tensor's own strides: a row "
+      "is HEAD_DIM elements long only when the tensor is contiguous and unpadded. A transposed "
+      "[B, S, H, D] view or a padded head dim has other strides, and offs * HEAD_DIM reads other rows.",
+      kinds=("dq", "dkdv"))
+def _contiguous_assumed(ctx):
+    line = _first_line(ctx, lambda c: _CONTIGUOUS.search(c) and "stride" not in c) if ctx.failing else None
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+_FLAT_PROGRAM = re.compile(r"\bpid_bh(?:\.to\(tl\.int64\))?\s*\*\s*stride_\w*_h\b")
+
+
+@rule("flat_batch_head", "a (batch, head) program id times the head stride alone",
+      "pid_bh * stride_h reaches the right (batch, head) only when stride_b = H * stride_h, a "
+      "contiguous [B, H, S, D] tensor. Split the id, b = pid_bh // H and h = pid_bh % H, and offset "
+      "b * stride_b + h * stride_h: a transposed or padded tensor has other strides.",
+      kinds=("dq", "dkdv"))
+def _flat_batch_head(ctx):
+    line = _first_line(ctx, _FLAT_PROGRAM.search) if ctx.failing else None
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+_FILL_NEG_INF = re.compile(r"where\(.*\bexp2?\(.*,\s*(?:-\s*float\(\s*[\"']inf[\"']\s*\)|float\(\s*[\"']-inf[\"']\s*\)|"
+                           r"-\s*(?:math|torch)\.inf)\s*\)\s*$")
+
+
+@rule("p_filled_neg_inf", "P is filled with -inf after the exponential: the hidden entries need 0",
+      "-inf belongs on the *scores*, before the exponential: exp(-inf) = 0. After it, P itself is "
+      "the weight, and a hidden entry's weight is 0: where the mask is False, fill 0.0. -inf in P "
+      "turns every product it enters into -inf or NaN.", kinds=("dq", "dkdv", "backward", "lazy", "beyond"))
+def _p_filled_neg_inf(ctx):
+    line = _first_line(ctx, _FILL_NEG_INF.search) if ctx.failing else None
+    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
