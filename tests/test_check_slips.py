@@ -273,7 +273,7 @@ EDITS = [
     ("09b", "heads(o[qs])", "heads(o[ks])", "exception", "packed_backward passes `heads(o[ks])`"),
     # ---- probes of this session
     ("03", "offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)", "offs_m = pid_m + tl.arange(0, BLOCK_M)",
-     "block_offset_step", "2 programs of BLOCK_M = 32 rows starting one row apart"),
+     "block_offset_step", "rows starting one row apart"),
     ("07", "c = tau / (i + 1)", "c = tau / i", "divide_by_index", "`c = tau / i`"),
     ("02p", "    if causal:\n", "    if not causal:\n", "causal_inverted", "the 7 causal cases match attention without"),
     ("09b", "dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)", "dq[qs], dk[ks], dv[ks] = g", "exception",
