@@ -165,8 +165,10 @@ def _specific_idea(r, sources: list = ()):
         shapes, names = _shapes(r.error), size_names(c)
         same = [n for n, sh in shapes.items() if list(shapes.values()).count(sh) > 1 and len(sh) >= 2]
         # alike by their sizes' names too: [S_q, D] and [S_q, S_k] are not alike where S_k = D
+        alike = symbolic(shapes[same[0]][-2:], names) if same else []
+        # [S_q, S_k] alike (P and dP): not [S, D] (dO and V), where a transpose is what is missing
         if len(same) >= 2 and shapes[same[0]][-1] != shapes[same[0]][-2] and \
-                all(isinstance(x, str) for x in symbolic(shapes[same[0]][-2:], names)):
+                all(isinstance(x, str) and x != "D" for x in alike):
             return (f"A matrix product (@) of two tensors shaped alike ({', '.join(same)}: "
                     f"{said(shapes[same[0]], names)}): where both are [S_q, S_k] the formula wants the elementwise "
                     f"product (*), as in dS = P * (dP - delta). @ runs only where the shapes happen to "
@@ -212,7 +214,7 @@ def _specific_idea(r, sources: list = ()):
                 f"(delta, the LSE) subtracted from every key of its row must be a column, [..., S_q, 1] "
                 f"(keepdim=True, or [..., None]). Where a row vector happens to broadcast, it is silently wrong.")
     S_q, S_k, D = getattr(c, "S_q", None), getattr(c, "S_k", None), getattr(c, "D", None)
-    if D in sizes and D not in (S_q, S_k) and "mask" in line:
+    if D in sizes and D not in (S_q, S_k, getattr(c, "block_n", None)) and "mask" in line:
         return (f"The mask is sized by the head dimension D = {D}: a length was read from the wrong "
                 f"axis. The sequence lengths are S_q = q.shape[-2] and S_k = k.shape[-2] (or the scores' "
                 f"S.shape[-2], S.shape[-1]); shape[-1] of q or k is D.")
@@ -279,14 +281,20 @@ def _product_idea(exc, line: str, shapes: dict, names: dict) -> Optional[str]:
                     f"[{side}, {side}], a shape no quantity of attention has (S, P, dP, dS are [S_q, S_k]): it was "
                     f"made wrong, by @ where the elementwise * belongs (dS = P * (dP - delta)) or a transpose too "
                     f"many.{origins}")
+        # the changes that make it chain, those whose result is not [D, D] (no quantity has it) first
+        fixes = []
         if flip(sa)[-1] == sb[-2]:
-            fix = f"{a} {'without its' if ta else 'with a'} transpose: {a}{'' if ta else '^T'} @ {B}"
-        elif sa[-1] == flip(sb)[-2]:
-            fix = f"{b} {'without its' if tb else 'with a'} transpose: {A} @ {b}{'' if tb else '^T'}"
-        elif sb[-1] == sa[-2]:
-            fix = f"the operands in the other order: {B} @ {A}"
-        else:
+            fixes.append((flip(sa)[-2], sb[-1], f"{a} {'without its' if ta else 'with a'} transpose: "
+                          f"{a}{'' if ta else '^T'} @ {B}"))
+        if sa[-1] == flip(sb)[-2]:
+            fixes.append((sa[-2], flip(sb)[-1], f"{b} {'without its' if tb else 'with a'} transpose: "
+                          f"{A} @ {b}{'' if tb else '^T'}"))
+        if sb[-1] == sa[-2]:
+            fixes.append((sb[-2], sa[-1], f"the operands in the other order: {B} @ {A}"))
+        fixes.sort(key=lambda f: symbolic([f[0], f[1]], names) == ["D", "D"])
+        if not fixes:
             continue
+        fix = fixes[0][2]
         return (f"{A} @ {B} does not chain: {A} is {said(sa, names)} and {B} is {said(sb, names)}, so the inner "
                 f"sizes {sa[-1]} and {sb[-2]} differ. It chains with {fix}.{origins} Each product of the backward: "
                 f"dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q ([S_k, S_q] @ [S_q, D]).")
@@ -474,6 +482,10 @@ _EXCEPTION_IDEAS = [
      "computed from the inputs. In an autograd.Function that is ctx.mark_non_differentiable(o) "
      "(only for outputs with no gradient, like an index or the LSE), or an output computed under "
      "torch.no_grad() or .detach()-ed on the way out."),
+    (r"'NoneType' object has no attribute '(?:save_for_backward|saved_tensors|needs_input_grad|mark_\w+)'",
+     "forward got None for ctx: the autograd.Function's forward was called directly. Call "
+     "FlashAttention.apply(q, k, v, ...): apply makes the ctx, runs forward with it, and records "
+     "the node whose backward autograd calls later."),
     (r"incorrect number of gradients",
      "backward returns one value per input of forward, in order, None for the non-tensor ones."),
     (r"must be a bool|must be a float|must be a torch.Tensor",

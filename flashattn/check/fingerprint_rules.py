@@ -34,6 +34,15 @@ _fp("delta_broadcast", "delta is lined up with the keys instead of the query row
     "its row -- broadcast along the key axis of the tile.", kinds=("dq", "dkdv"))
 _fp("dp_operand", "dP is computed from the wrong tensor",
     "dP = dO V^T: the output's gradient meets the *values* (O = P V), not the keys.")
+@rule("loop_one_block_short", "the loop stops one block early: its last block is never visited",
+      "range(start, end, BLOCK) already stops before end, and its last block may be partial (the "
+      "masks handle that). A stop of end - BLOCK leaves the last block out: for dQ the key block with "
+      "the diagonal (causal) or the last keys, for dK/dV the last query block.", kinds=("dq", "dkdv"))
+def _loop_one_block_short(ctx):
+    # where S_q < S_k only, a key loop bounded by S_q drops blocks the same way: keys_bound names that
+    if any(r.case.S_q >= r.case.S_k for r in ctx.failing):
+        return _fingerprint_test("loop_one_block_short")(ctx)
+    return None
 _fp("ds_missing_p", "dS is missing its factor P",
     "dS = P * (dP - delta): the softmax's Jacobian multiplies by P elementwise, which is also "
     "what keeps hidden and padded keys at 0.", kinds=("backward", "dq", "dkdv"), name="ds_no_p")

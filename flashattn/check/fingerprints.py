@@ -66,6 +66,18 @@ def _visited(case: Case, kind: str, block: int, device, causal: Optional[bool] =
     return i >= (j // block) * block       # dkdv: query blocks from the key block's diagonal on
 
 
+def _visited_one_short(case: Case, kind: str, block: int, device) -> torch.Tensor:
+    """[S_q, S_k]: the pairs a loop reaches whose stop is one block short, range(start, end - BLOCK,
+    BLOCK): the block that starts at or past end - BLOCK is never visited."""
+    i = torch.arange(case.S_q, device=device)[:, None]
+    j = torch.arange(case.S_k, device=device)[None, :]
+    if kind == "dq":                       # key blocks of query block i // block
+        end = torch.clamp((i // block + 1) * block, max=case.S_k) if case.causal else torch.full_like(i, case.S_k)
+        return (j // block) * block < end - block
+    start = (j // block) * block if case.causal else torch.zeros_like(j)     # query blocks of key block j
+    return ((i - start) // block * block + start < case.S_q - block) & (i >= start)
+
+
 def _tile_transposed(values: torch.Tensor, case: Case, block: int) -> torch.Tensor:
     """[..., S_q, S_k]: a per-row vector broadcast along the wrong axis of a square tile
     (``v[None, :]`` where ``v[:, None]`` belongs): tile element (i, j) gets the value of row
@@ -131,6 +143,9 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
         for block in BLOCKS:
             seen = _visited(case, kind, block, ref.S.device)
             out[f"ds_no_p:{block}"] = _grads_from_p(case, x, ref.P, dS=(ref.dP - ref.delta[..., None]) * seen)
+            # range(start, end - BLOCK, BLOCK): the loop's last block never visited
+            short = _visited_one_short(case, kind, block, ref.S.device)
+            out[f"loop_one_block_short:{block}"] = _grads_from_p(case, x, ref.P * short, dS=ref.dS * short)
             lse_t = _tile_transposed(ref.LSE, case, block)
             P_t = torch.where(visible, torch.exp(ref.S - lse_t), 0.0)
             out[f"lse_broadcast:{block}"] = _grads_from_p(case, x, P_t)

@@ -176,6 +176,8 @@ def _flat_batch_head(ctx):
     return f"`{line}`; {ctx.case_pattern()}" if line else None
 
 
+_P_FILLED = re.compile(r"^\s*([pP]\w*)\s*=\s*\1\.masked_fill\(.*,\s*(?:float\(\s*[\"']-inf[\"']\s*\)|"
+                       r"-\s*float\(\s*[\"']inf[\"']\s*\)|-\s*(?:math|torch)\.inf)\s*\)\s*$")
 _FILL_NEG_INF = re.compile(r"where\(.*\bexp2?\(.*,\s*(?:-\s*float\(\s*[\"']inf[\"']\s*\)|float\(\s*[\"']-inf[\"']\s*\)|"
                            r"-\s*(?:math|torch)\.inf)\s*\)\s*$")
 
@@ -185,5 +187,5 @@ _FILL_NEG_INF = re.compile(r"where\(.*\bexp2?\(.*,\s*(?:-\s*float\(\s*[\"']inf[\
       "the weight, and a hidden entry's weight is 0: where the mask is False, fill 0.0. -inf in P "
       "turns every product it enters into -inf or NaN.", kinds=("dq", "dkdv", "backward", "lazy", "beyond"))
 def _p_filled_neg_inf(ctx):
-    line = _first_line(ctx, _FILL_NEG_INF.search) if ctx.failing else None
+    line = _first_line(ctx, lambda c: _FILL_NEG_INF.search(c) or _P_FILLED.search(c)) if ctx.failing else None
     return f"`{line}`; {ctx.tensor_pattern()}" if line else None
