@@ -285,6 +285,13 @@ EDITS = [
      "after the exponential"),
     ("02o", "rows = torch.arange(S_q, device=q.device)[:, None]", "rows = torch.arange(S_q, device=q.device)[None, :]",
      "exception", "from `rows = torch.arange(S_q, device=q.device)[None, :]`"),
+    # ---- blind set N's checker faults (/work/eval_n)
+    ("02p", "S = (q @ k.transpose(-1, -2)) * scale", "S = (q @ k.transpose_(-1, -2)) * scale", "input_modified",
+     "its shape changed from"),
+    ("04", "delta = tl.load(delta_base + offs_m * stride_delta_s, mask=row_ok, other=0.0)",
+     "delta = tl.load(delta_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)", "address_terms", "stride_lse_s"),
+    ("09b", "seen = visible_mask(S_q, S_k, window).to(q.device)", "seen = visible_mask(S_k, S_q, window).to(q.device)",
+     "exception", "the mask is [S_k, S_q], its two lengths the other way round"),
     ("09b", "dq[qs], dk[ks], dv[ks] = (heads(t) for t in g)", "dq[qs], dk[ks], dv[ks] = g", "exception",
      "the same sizes in another order"),
     # ---- blind set M's slips (/work/eval_m: judged there, then fixed)

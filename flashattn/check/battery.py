@@ -33,8 +33,8 @@ class Case:
     dO (``"stride0"``: one number expanded to the full shape, like the dO autograd hands over
     after ``out.sum()``; ``"sum"``, for the autograd checker only: call ``out.sum()``).
     ``stats_padded``: LSE and delta with a NaN gap after each head's rows ("lse" or "delta":
-    that one only, so that their strides differ; "strided": every other element, a last-axis
-    stride of 2).
+    that one only, so that their strides differ; "strided": a last-axis stride of 2 for the LSE
+    and 3 for delta, so that a load with the other's stride shows).
     ``repeat``: run twice and compare the bits (catches run-to-run differences).
     ``block_n``: for the online-softmax checker, the key block size handed to the function.
     ``requires``: for the autograd checker, which of q, k, v require grad.
@@ -331,8 +331,8 @@ def make_inputs(case: Case, dtype, device, seed: int, with_do: bool = True,
             do = torch.ones_like(q)      # what out.sum().backward() sends
     ref = attention_reference(q, k, v, do, causal=case.causal, scale=case.scale_value)
     stats = runtime.stats_dtype(dtype)
-    step = 2 if case.stats_padded == "strided" else 1
-    lse = make_stats(ref.LSE.to(stats), case.stats_padded in (True, "lse"), g("lse"), step)
+    strided = case.stats_padded == "strided"       # steps of 2 and 3: their strides differ too
+    lse = make_stats(ref.LSE.to(stats), case.stats_padded in (True, "lse"), g("lse"), 2 if strided else 1)
     delta = None if do is None else make_stats(ref.delta.to(stats), case.stats_padded in (True, "delta"),
-                                               g("delta"), step)
+                                               g("delta"), 3 if strided else 1)
     return Inputs(q, k, v, do, ref, lse, delta, ref.O.to(dtype), dict(guards))

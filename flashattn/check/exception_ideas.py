@@ -366,6 +366,10 @@ def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
                         f"({name}[qs].T), as q, k and v are moved to [H, S, D].")
     if seen is not None and len(seen) == 2:
         for name, sh in shapes.items():
+            if name != "seen" and len(sh) == 3 and sh[-2:] == seen[::-1] and seen[0] != seen[1]:
+                return (f"The window's mask is {list(seen)} while {name} is {list(sh)}: the mask is [S_k, S_q], its "
+                        f"two lengths the other way round. visible_mask takes (S_q, S_k, window) -- the query "
+                        f"rows first -- and returns [S_q, S_k]: check the call's argument order.")
             if name != "seen" and len(sh) == 3 and sh[-2:] != seen and sizes <= set(sh) | set(seen):
                 which = "keys (its last axis)" if sh[-1] != seen[-1] else "query rows"
                 return (f"{name} {list(sh)} does not have the window mask's shape {list(seen)} = [S_q, S_k] of "

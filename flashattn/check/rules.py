@@ -206,6 +206,8 @@ _HANDED_NAMES = {"q": "Q", "k": "K", "v": "V", "o": "O", "do": "dO", "lse": "LSE
 def _factor_text(f, case) -> str:
     if f is None:
         return ""
+    if isinstance(f, str):            # the shape changed: what inputs_changed says about it
+        return f"; {f}"
     if f == 0:
         return ", set to zero"
     s = case.scale_value

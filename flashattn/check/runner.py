@@ -374,12 +374,26 @@ def snapshot_inputs(tensors: dict) -> dict:
             if isinstance(t, torch.Tensor) and t.is_floating_point()}
 
 
+def _restore_layouts(tensors: dict, layouts: dict) -> None:
+    """Put back the shape and strides of inputs an in-place view method (transpose_, squeeze_)
+    changed, so the checker's own computations with them still work; the change is reported."""
+    for name, (shape, stride, offset) in layouts.items():
+        if tensors[name].shape != shape or tensors[name].stride() != stride:
+            tensors[name].as_strided_(shape, stride, offset)
+
+
 def inputs_changed(before: dict, tensors: dict) -> dict:
-    """name -> (elements changed, elements, uniform factor or None) for each tensor of ``before`` whose
-    elements ``tensors`` no longer hold (NaN where NaN was is unchanged)."""
+    """name -> (elements changed, elements, uniform factor or None -- or what happened to its shape)
+    for each tensor of ``before`` whose elements ``tensors`` no longer hold (NaN where NaN was is
+    unchanged)."""
     found = {}
     for name, old in before.items():
         new = tensors[name].detach()
+        if new.shape != old.shape:        # transpose_, squeeze_, t_: the caller's tensor reshaped in place
+            found[name] = (old.numel(), old.numel(), f"its shape changed from {list(old.shape)} to "
+                           f"{list(new.shape)}: an in-place view method (transpose_, t_, squeeze_, "
+                           f"unsqueeze_) changes the caller's tensor itself; transpose(...) returns a new view")
+            continue
         same = (old == new) | (torch.isnan(old) & torch.isnan(new))
         n = int((~same).sum())
         if n:
@@ -446,12 +460,15 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             x = make(case, case_dtype, device, seed, with_do)
             handed = {n: getattr(x, n, None) for n in HANDED}
             before = snapshot_inputs(handed)
+            layouts = {n: (t.shape, t.stride(), t.storage_offset()) for n, t in handed.items()
+                       if isinstance(t, torch.Tensor)}
             try:
                 watched = {n: getattr(x, n, None) for n in GUARDED}
                 with fence_wild_access() as wild, watch_guard_reads(watched) as over_read:
                     outs, expected, extra = run_case(case, x)
                 # an input written in place (before the second run, which would differ for it)
                 res.inputs_modified = {**inputs_changed(before, handed), **extra.get("inputs_modified", {})} or None
+                _restore_layouts(handed, layouts)
                 res.oob_reads = sorted(over_read, key=GUARDED.index) or None
                 if wild["loads"] or wild["stores"]:
                     res.wild = dict(wild)
@@ -464,6 +481,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 res.swapped = swapped_outputs(outs, expected)
                 if case.repeat and not res.wild:
                     again, _, _ = run_case(case, x)
+                    _restore_layouts(handed, layouts)
                     changed = [n for n in outs if not _same_bits(outs[n], again[n])]
                     res.nondeterministic = changed or None
                 for name, out in outs.items():
