@@ -82,7 +82,16 @@ def _setup_slips(S_q: int, S_k: int, window) -> dict:
     left, right = window
     i, j = torch.arange(S_q)[:, None], torch.arange(S_k)[None, :]
     right_mask = visible(S_q, S_k, window)
+    ones = torch.ones(S_q, S_k, dtype=torch.bool)
+    left_ok = (j >= i - left) if left >= 0 else ones
+    right_ok = (j <= i + right) if right >= 0 else ones
+    shift = S_k - S_q
     out = {"window_starts_causal": right_mask & (j <= i),
+           "window_one_side_twice:left": visible(S_q, S_k, (left, left)),
+           "window_one_side_twice:right": visible(S_q, S_k, (right, right)),
+           "window_one_edge_bottom_right:left": ((j >= i + shift - left) if left >= 0 else ones) & right_ok,
+           "window_one_edge_bottom_right:right": left_ok & ((j <= i + shift + right) if right >= 0 else ones),
+           "window_absolute:right": left_ok & ((j <= right) if right >= 0 else ones),
            "window_sentinel_clamped": visible(S_q, S_k, tuple(max(w, 0) for w in window)),
            "window_one_based:keys": _shifted(i, j + 1, left, right),
            "window_one_based:queries": _shifted(i + 1, j, left, right)}

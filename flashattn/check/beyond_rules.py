@@ -71,6 +71,13 @@ _slip_rule("window_right_nested", "the right edge is tested inside the left side
            WINDOW_IDEA + " The two sides are independent: `if right >= 0:` sits at the same level as "
            "`if left >= 0:`, not indented under it. Nested, a window with no left limit -- causal "
            "(-1, 0) among them -- loses its right edge too, while windows limited on the left are right.")
+_slip_rule("window_one_edge_bottom_right", "one edge is aligned bottom-right (shifted by S_k - S_q), the other top-left",
+           WINDOW_IDEA + " Both edges count the query's position the same way, from the start of the "
+           "sequence: j >= i - left and j <= i + right. Shifting one of them by S_k - S_q (the bottom-right "
+           "alignment) moves that edge alone where S_q != S_k.")
+_slip_rule("window_absolute", "an edge is an absolute key position, not relative to the query",
+           WINDOW_IDEA + " The right edge moves with the query: j <= i + right. j <= right cuts every row "
+           "at the same key.")
 _slip_rule("window_starts_causal", "the mask starts from the causal triangle, not from all True",
            WINDOW_IDEA + " Start from a mask where every key is seen, torch.ones(S_q, S_k, dtype=torch.bool), and "
            "take keys away per limited side. Starting from .tril() hides every key after the query "
@@ -90,6 +97,9 @@ _slip_rule("window_both_required",
            WINDOW_IDEA + " Each side is its own condition: `if left >= 0: seen &= j >= i - left`, then "
            "`if right >= 0: seen &= j <= i + right`. Tested together (if left >= 0 and right >= 0), a "
            "window limited on one side only -- causal (-1, 0) among them -- keeps every key.")
+_slip_rule("window_one_side_twice", "one side's limit is used for both sides",
+           WINDOW_IDEA + " Unpack both: left, right = window. Yours takes one of them for both edges "
+           "(window[0], window[0]), so every window whose two limits differ comes out wrong.")
 _slip_rule("window_returned_inverted", "the mask is inverted: True where the key is hidden",
            WINDOW_IDEA + " visible_mask returns True where query i *sees* key j. The mask that "
            "masked_fill takes is the opposite one (True where hidden): return seen, not ~seen, and "

@@ -81,6 +81,11 @@ def _no_mask(ctx):
     evidence = _fingerprint_test("no_mask")(ctx)
     if evidence is None:
         return None
+    square = [r for r in ctx.results if getattr(r.case, "causal", False) and r.case.S_q == r.case.S_k]
+    if square and all(r.ok for r in square) and all(r.case.S_q != r.case.S_k for r in ctx.failing):
+        return evidence, ("Only the causal cases with S_q != S_k lose the mask; the square causal ones keep it: "
+                          "the mask is guarded by a condition on the shape (S_q == S_k) besides causal. "
+                          "Causal applies to every shape: query i sees keys j <= i (top-left aligned).")
     wrong = [n for n in ctx.names if ctx.wrong_in(n)]
     if wrong in (["dK"], ["dQ"], ["dQ", "dK"]) and "dV" in ctx.names:    # dV's P masked, dS's not
         return evidence, (f"Only {' and '.join(wrong)} {'is' if len(wrong) == 1 else 'are'} wrong, and "
@@ -225,9 +230,10 @@ _fp("online_max_not_kept", "the running maximum is never updated",
     "alpha and p are taken against it, and LSE = m + log(l) needs the final one.", kinds=("online_softmax",))
 _fp("lse_added", "P = exp(S + LSE): the LSE is subtracted",
     "softmax(S) = exp(S) / exp(LSE) = exp(S - LSE).", kinds=("rebuild_p",))
-_fp("scale_on_difference", "the scale multiplies S - LSE instead of the scores",
-    "The LSE belongs to the scaled scores: S = Q K^T * scale first, then P = exp(S - LSE). "
-    "(Q K^T - LSE) * scale mixes an unscaled score with a scaled LSE.", kinds=("rebuild_p",))
+_fp("scale_on_difference", "the LSE is multiplied by the scale: exp(S - LSE * scale)",
+    "The LSE belongs to the scaled scores already: S = Q K^T * scale, then P = exp(S - LSE), the LSE as "
+    "it is. Multiplying it by the scale -- lse * scale, or (Q K^T - LSE) * scale, which is the same -- "
+    "treats it as if it were in unscaled units.", kinds=("rebuild_p",))
 
 
 @rule("wrong_operand", "a product uses the wrong operand",
@@ -375,6 +381,14 @@ _fp("online_mask_zero", "hidden scores are set to 0, not -inf",
     "A hidden key must get weight exp(-inf) = 0: masked_fill(cols > rows, float('-inf')). Filled with "
     "0, its score is an ordinary one, exp(0 - m) > 0, and it enters l, acc and the LSE.",
     kinds=("online_softmax",))
+_fp("online_p_times_alpha", "the new block's p is multiplied by alpha too",
+    "alpha = exp(m_old - m_new) rescales what was summed *before* this block (l and acc) to the new "
+    "maximum; this block's p = exp(s - m_new) is already taken against m_new and needs no factor.",
+    kinds=("online_softmax",))
+_fp("online_overlapping_blocks", "the blocks overlap: the loop's step is smaller than the block",
+    "The loop must step by the block's width, range(0, S_k, block_n), for block [start, start + "
+    "block_n) to follow the previous one exactly; a smaller step makes consecutive blocks share keys, "
+    "which are then counted twice.", kinds=("online_softmax",))
 _fp("online_block_softmax", "each block is normalised by its own softmax",
     "p = exp(s - m_new), unnormalised: the division happens once, at the end, by l -- the sum over "
     "*every* block, each rescaled by alpha. A softmax per block divides each block by its own sum, "
@@ -442,9 +456,9 @@ _fp("lazy_dbias_shifted", "dBias reads the diagonals one further: d + 1 where d 
     "(torch.diagonal(dS, offset=-d)), over range(W + 1). A range that starts at 1 shifts every "
     "entry by one diagonal.", kinds=("lazy",))
 _fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query row's",
-    "tau/(i+1) belongs to query row i: divide each *row* of dP by i + 1 (a column vector, "
-    "one value per row). A vector of length L broadcasts along the last axis, dividing column j "
-    "by j + 1 instead.", kinds=("lazy",))
+    "tau/(i+1) belongs to query row i: divide each *row* sum of dP, dP.sum(-1), by i + 1. Two slips "
+    "give the same wrong numbers, column j divided by j + 1: a vector of length L broadcast along the "
+    "last axis (dP / (i + 1)), and the column sums dP.sum(0) divided by i + 1.", kinds=("lazy",))
 _fp("lazy_delta_scalar", "delta is one number for the whole head: summed over every row too",
     "delta_i = rowsum(P * dP)_i, one number per query row: (P * dP).sum(-1, keepdim=True). A .sum() "
     "over everything subtracts the head's total from every entry of dP.", kinds=("lazy",))
@@ -479,10 +493,17 @@ _fp("lazy_p_a_swapped", "P and A trade places: the forward's results are unpacke
     "forward_one_head returns (P, A, O): P the softmax, A the ReLU's output. Unpacked as (A, P, O), "
     "dV = A^T dO gets P, the gate tests the ReLU's output and dS = P * (dP - delta) uses A: "
     "unpack in the order the function returns.", kinds=("lazy",))
-_fp("lazy_delta_columns", "delta lines up with the keys: reduced without keepdim",
-    "delta_i = rowsum(P * dP)_i belongs to query row i. (P * dP).sum(-1) is a vector of length L, "
-    "which broadcasts along the last axis: dP - delta subtracts delta_j from column j. Keep the "
-    "axis, .sum(-1, keepdim=True), so that it is one value per row.", kinds=("lazy",))
+_fp("lazy_delta_columns", "delta lines up with the keys: a row vector where a column belongs",
+    "delta_i = rowsum(P * dP)_i belongs to query row i: a column [L, 1], .sum(-1, keepdim=True). A "
+    "vector of length L (the sum without keepdim) or a row [1, L] (the column transposed, .T) "
+    "broadcasts along the last axis: dP - delta subtracts delta_j from column j.", kinds=("lazy",))
+_fp("lazy_dk_operand_k", "dK is dS^T K: K where Q belongs",
+    "dK = dS^T Q * scale: key j collects dS[i, j] times the *query* q_i over the rows i (S = Q K^T, "
+    "so the derivative by K brings Q).", kinds=("lazy",))
+_fp("lazy_dbias_from_da", "dBias sums dA where dS belongs",
+    "bias is added to the scores S before the softmax, so its gradient is dS's: dBias[d] = the sum "
+    "of dS along diagonal d. dA is the gradient before the ReLU's gate and the softmax's Jacobian.",
+    kinds=("lazy",))
 
 
 @rule("accumulate", "only the last block's contribution survives: accumulate, don't overwrite",

@@ -459,6 +459,8 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_block_softmax": _online(case, x, case.scale_value, torch.exp, slip="block_softmax"),
             "online_normalise_in_loop": _online(case, x, case.scale_value, torch.exp, slip="normalise_in_loop"),
             "online_mask_zero": _online(case, x, case.scale_value, torch.exp, slip="mask_zero"),
+            "online_p_times_alpha": _online(case, x, case.scale_value, torch.exp, slip="p_times_alpha"),
+            "online_overlapping_blocks": _online(case, x, case.scale_value, torch.exp, slip="overlap"),
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -473,7 +475,9 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q)
     # drop_partial: range(0, S_k - block + 1, block) visits the full blocks only
-    for n0 in range(0, case.S_k - block + 1 if slip == "drop_partial" else case.S_k, block):
+    # overlap: the loop steps by block - 1 while each block takes block keys
+    step = block - 1 if slip == "overlap" and block > 1 else block
+    for n0 in range(0, case.S_k - block + 1 if slip == "drop_partial" else case.S_k, step):
         end = min(n0 + block - (slip == "block_short"), case.S_k)   # block_short: a slice one key short
         s = q @ k[..., n0:end, :].transpose(-1, -2) * scale
         if case.causal:
@@ -484,6 +488,8 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
         alpha = torch.exp(m - (s.amax(-1, keepdim=True) if slip == "alpha_block_max" else m_new))
         # block_softmax: each block normalised on its own, p = softmax(s) (NaN for a hidden block)
         p = torch.softmax(s, dim=-1) if slip == "block_softmax" else p_exp(s - m_new)
+        if slip == "p_times_alpha":         # the new block's p rescaled too
+            p = p * alpha
         if slip == "l_rescales_new":        # l = (l + rowsum(p)) * alpha: the new block rescaled too
             l = (l + p.sum(-1, keepdim=True)) * alpha
             acc = acc * alpha + p @ v[..., n0:end, :]

@@ -159,6 +159,8 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
                              "dV": P.transpose(-1, -2) @ do, "dTau": (dPa.sum(-1) * inv).sum(-1)},
         # delta without keepdim: [L] lines up with the columns, key j gets delta_j
         "lazy_delta_columns": from_ds(P * (dP - (P * dP).sum(-1)[..., None, :])),
+        "lazy_dk_operand_k": {"dK": dS.transpose(-1, -2) @ k * scale},
+        "lazy_dbias_from_da": {"dBias": diagonal_sums(dA, W)},
         # delta = (P * dP).sum(): one number for the head's whole matrix
         "lazy_delta_scalar": from_ds(P * (dP - (P * dP).sum((-2, -1), keepdim=True))),
         # the gate applied to dS too: dS = P * (dP - delta) * gate
