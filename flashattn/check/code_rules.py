@@ -75,6 +75,18 @@ def _first_line(ctx, test):
     return line
 
 
+_PATTERNS = {"case": lambda ctx: ctx.case_pattern(), "tensors": lambda ctx: ctx.tensor_pattern()}
+
+
+def line_rule(id: str, title: str, idea: str, test, kinds=None, show=("case",)) -> None:
+    """Register diagnosis ``id`` that quotes the first line of the learner's code for which
+    ``test(line)`` holds, followed by the case pattern and/or the tensor pattern (``show``)."""
+    def quote(ctx):
+        line = _first_line(ctx, test)
+        return "; ".join([f"`{line}`"] + [_PATTERNS[s](ctx) for s in show]) if line else None
+    rule(id, title, idea, kinds=kinds)(quote)
+
+
 def _line_of(src: str, needle: str) -> str:
     return next((line.split("#")[0].strip() for line in src.splitlines() if needle in line), needle)
 
@@ -388,13 +400,11 @@ def _discarded_value(ctx):
 _INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S_q|S_k|HEAD_DIM|S|D)\b")
 
 
-@rule("bound_inclusive", "a mask compares with <= the length: index S is already past the end",
-      "Positions run 0 ... S - 1: the mask of valid rows is offs < S. With <= the row (or column) S "
-      "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
-      kinds=("dq", "dkdv"))
-def _bound_inclusive(ctx):
-    line = _first_line(ctx, _INCLUSIVE.search)
-    return f"`{line}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
+line_rule("bound_inclusive", "a mask compares with <= the length: index S is already past the end",
+          "Positions run 0 ... S - 1: the mask of valid rows is offs < S. With <= the row (or column) S "
+          "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
+          kinds=("dq", "dkdv"),
+          test=_INCLUSIVE.search, show=("case", "tensors"))
 
 
 # --------------------------------------------------------------------------------------
@@ -405,14 +415,12 @@ _LENGTH_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(S_q|S_k|S|N|L|M|seq_?len\w*|n_
                             r"(?:shape\s*\[\s*-1\s*\]|size\(\s*-1\s*\))\s*$")
 
 
-@rule("length_from_head_dim", "a sequence length is read from the last axis, the head dim",
-      "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
-      "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
-      "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
-      kinds=("backward", "rebuild_p", "online_softmax", "autograd", "dq", "dkdv", "lazy", "beyond"))
-def _length_from_head_dim(ctx):
-    line = _first_line(ctx, _LENGTH_FROM_D.search)
-    return f"`{line}`; {ctx.case_pattern()}" if line else None
+line_rule("length_from_head_dim", "a sequence length is read from the last axis, the head dim",
+          "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
+          "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
+          "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
+          kinds=("backward", "rebuild_p", "online_softmax", "autograd", "dq", "dkdv", "lazy", "beyond"),
+          test=_LENGTH_FROM_D.search)
 
 
 # --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import inspect
 import re
 import textwrap
 
-from .code_rules import _calls, _code_lines, _first_found, _first_line, _forward_params, _line_of
+from .code_rules import _calls, _code_lines, _first_found, _forward_params, _line_of, line_rule
 from .diagnose import rule
 from .origin import _unwrap
 
@@ -34,30 +34,22 @@ _ON_LSE = re.compile(r"-\s*\w*lse\w*(?:\[[^\]]*\])?\s*\)\s*\*\s*(?:ctx\.)?scale\
                      r"\bscale\s*\*\s*\([^()]*-\s*\w*lse\w*")
 
 
-@rule("scale_divides", "the scores are divided by the scale",
-      "The scale already is 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies the scores by "
-      "sqrt(D) instead, scale^2 = 1/D times too large -- large enough that exp overflows to inf "
-      "and then NaN. (Dividing by sqrt(D) is the same as multiplying by the scale, and fine.)",
-      kinds=FORMULA_KINDS)
-def _scale_divides(ctx):
-    if not ctx.failing:
-        return None
-    line = _first_line(ctx, lambda c: _DIVIDES.search(c) and _SCORES.search(c))
-    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+line_rule("scale_divides", "the scores are divided by the scale",
+          "The scale already is 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies the scores by "
+          "sqrt(D) instead, scale^2 = 1/D times too large -- large enough that exp overflows to inf "
+          "and then NaN. (Dividing by sqrt(D) is the same as multiplying by the scale, and fine.)",
+          kinds=FORMULA_KINDS,
+          test=lambda c: _DIVIDES.search(c) and _SCORES.search(c), show=("tensors",))
 
 
-@rule("scale_on_lse", "the scale multiplies the LSE too",
-      "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
-      "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
-      "probability is off by a factor exp(LSE * (1 - scale)) that differs from row to row.",
-      # not rebuild_p: there the fingerprint scale_on_difference names this slip from the outputs,
-      # which a line that may not have run (the rules read every line) cannot outdo
-      kinds=tuple(k for k in FORMULA_KINDS if k != "rebuild_p"))
-def _scale_on_lse(ctx):
-    if not ctx.failing:
-        return None
-    line = _first_line(ctx, _ON_LSE.search)
-    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+line_rule("scale_on_lse", "the scale multiplies the LSE too",
+          "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
+          "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
+          "probability is off by a factor exp(LSE * (1 - scale)) that differs from row to row.",
+          # not rebuild_p: there the fingerprint scale_on_difference names this slip from the outputs,
+          # which a line that may not have run (the rules read every line) cannot outdo
+          kinds=tuple(k for k in FORMULA_KINDS if k != "rebuild_p"),
+          test=_ON_LSE.search, show=("tensors",))
 
 
 # --------------------------------------------------------------------------------------
@@ -67,16 +59,12 @@ _SOFTMAX_NO_DIM = re.compile(r"\b(?:functional|F)\.(?:log_)?softmax\(\s*[^,()]*(
                              r"\bnn\.Softmax\(\s*\)")
 
 
-@rule("softmax_no_dim", "softmax is called without dim",
-      "F.softmax(x) with no dim lets PyTorch pick one (a deprecated implicit choice, with a "
-      "warning): dim=1 for a 4-D [B, H, S_q, S_k] tensor, the heads, and 0 for 0-, 1- and 3-D "
-      "ones. The softmax of attention runs over the keys, the last axis: dim=-1.",
-      kinds=FORMULA_KINDS)
-def _softmax_no_dim(ctx):
-    if not ctx.failing:
-        return None
-    line = _first_line(ctx, _SOFTMAX_NO_DIM.search)
-    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+line_rule("softmax_no_dim", "softmax is called without dim",
+          "F.softmax(x) with no dim lets PyTorch pick one (a deprecated implicit choice, with a "
+          "warning): dim=1 for a 4-D [B, H, S_q, S_k] tensor, the heads, and 0 for 0-, 1- and 3-D "
+          "ones. The softmax of attention runs over the keys, the last axis: dim=-1.",
+          kinds=FORMULA_KINDS,
+          test=_SOFTMAX_NO_DIM.search, show=("tensors",))
 
 
 # --------------------------------------------------------------------------------------
@@ -148,16 +136,12 @@ _DELTA_SUM = re.compile(r"^\s*delta\w*\s*=.*\.sum\(\s*(?:dim\s*=\s*)?(-2|0)\s*[,
                         r"^\s*delta\w*\s*=.*torch\.sum\(.*,\s*(?:dim\s*=\s*)?(-2|0)\s*[,)]")
 
 
-@rule("delta_axis", "delta is summed over the wrong axis",
-      "delta has one number per query row: delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id, a sum "
-      "along the last axis (keys, or the head dim) -- sum(-1, keepdim=True). Summed over axis -2 "
-      "(the query rows) it holds a number per column instead, and dS = P * (dP - delta) subtracts "
-      "the wrong value from every entry.", kinds=("backward", "lazy", "beyond", "autograd"))
-def _delta_axis(ctx):
-    if not ctx.failing:
-        return None
-    line = _first_line(ctx, _DELTA_SUM.search)
-    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+line_rule("delta_axis", "delta is summed over the wrong axis",
+          "delta has one number per query row: delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id, a sum "
+          "along the last axis (keys, or the head dim) -- sum(-1, keepdim=True). Summed over axis -2 "
+          "(the query rows) it holds a number per column instead, and dS = P * (dP - delta) subtracts "
+          "the wrong value from every entry.", kinds=("backward", "lazy", "beyond", "autograd"),
+          test=_DELTA_SUM.search, show=("tensors",))
 
 
 # --------------------------------------------------------------------------------------
@@ -276,16 +260,12 @@ def _loop_variable_unused(ctx):
 _GROUP_HEAD = re.compile(r"^\s*(\w+)\s*=\s*(?:(\w*kv\w*)\s*\+\s*(\w+)|(\w+)\s*\+\s*(\w*kv\w*))\s*$")
 
 
-@rule("group_head_index", "the query heads of a group are numbered without the group's size",
-      "Under GQA, K/V head h_kv serves GROUP_SIZE = H // H_kv query heads, numbered h_kv * "
-      "GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1. h_kv + g makes the groups overlap (K/V head 1 "
-      "would take query heads 1 and 2 instead of 2 and 3); without GQA (GROUP_SIZE = 1) it happens "
-      "to be right.", kinds=("dkdv", "dq"))
-def _group_head_index(ctx):
-    if not ctx.failing:
-        return None
-    line = _first_line(ctx, _GROUP_HEAD.match)   # a query head as h_kv + g, no GROUP_SIZE
-    return f"`{line}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
+line_rule("group_head_index", "the query heads of a group are numbered without the group's size",
+          "Under GQA, K/V head h_kv serves GROUP_SIZE = H // H_kv query heads, numbered h_kv * "
+          "GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1. h_kv + g makes the groups overlap (K/V head 1 "
+          "would take query heads 1 and 2 instead of 2 and 3); without GQA (GROUP_SIZE = 1) it happens "
+          "to be right.", kinds=("dkdv", "dq"),
+          test=_GROUP_HEAD.match, show=("case", "tensors"))
 
 
 # --------------------------------------------------------------------------------------

@@ -137,14 +137,25 @@ def _axis0_is_block(fn, block: str) -> bool:
     return bool(m) and re.search(rf"\b{m.group(1)}\s*\*\s*{block}\b", src) is not None
 
 
-def _swapped_grid(r, kind: str):
-    """(grid, expected) where a launch's grid has the kernel's two axes the other way round."""
-    block, rows, heads = (("BLOCK_M", r.case.S_q, r.case.H) if kind == "dq"
-                          else ("BLOCK_N", r.case.S_k, r.case.heads_kv))
+def _row_blocks(r, kind: str) -> tuple:
+    """(the kernel's block parameter, the rows it blocks, the heads per batch element): a dQ
+    program owns query rows of one of H heads, a dK/dV program keys of one of H_kv heads."""
+    return ("BLOCK_M", r.case.S_q, r.case.H) if kind == "dq" else ("BLOCK_N", r.case.S_k, r.case.heads_kv)
+
+
+def _two_axis_launches(r, block: str):
+    """(launch, its block size) for the case's launches with a positive integer ``block`` and a
+    grid of at least two axes."""
     for launch in r.launch_args or ():
         size = launch.args.get(block)
-        if not isinstance(size, int) or size <= 0 or not launch.grid or len(launch.grid) < 2:
-            continue
+        if isinstance(size, int) and size > 0 and launch.grid and len(launch.grid) >= 2:
+            yield launch, size
+
+
+def _swapped_grid(r, kind: str):
+    """(grid, expected) where a launch's grid has the kernel's two axes the other way round."""
+    block, rows, heads = _row_blocks(r, kind)
+    for launch, size in _two_axis_launches(r, block):
         want = (-(-rows // size), r.case.B * heads)
         if launch.grid[:2] == want[::-1] and want[0] != want[1] and _axis0_is_block(launch.fn, block):
             return launch.grid, want, block
@@ -174,12 +185,9 @@ def _grid_short_in(r, kind: str):
     """(axis, what the grid has, what belongs, why) where a launch's grid has too few programs:
     row blocks counted with another block size than the kernel's, or a (batch, head) axis
     without the batch."""
-    block, rows, heads, label = (("BLOCK_M", r.case.S_q, r.case.H, "H") if kind == "dq"
-                                 else ("BLOCK_N", r.case.S_k, r.case.heads_kv, "H_kv"))
-    for launch in r.launch_args or ():
-        size = launch.args.get(block)
-        if not isinstance(size, int) or size <= 0 or not launch.grid or len(launch.grid) < 2:
-            continue
+    block, rows, heads = _row_blocks(r, kind)
+    label = "H" if kind == "dq" else "H_kv"
+    for launch, size in _two_axis_launches(r, block):
         blocks, pairs = launch.grid[:2]
         if blocks * size < rows and blocks != rows // size:      # rows // size: the unwritten rule's cdiv story
             other = next((b for b in (16, 32, 64, 128) if b != size and -(-rows // b) == blocks), None)

@@ -15,11 +15,10 @@ import re
 import textwrap
 from pathlib import Path
 
-from .code_rules import _code_lines, _first_found, _first_line
+from .code_rules import _code_lines, _first_found, line_rule
 from .diagnose import rule
-from .origin import _unwrap
+from .origin import _PACKAGE, _unwrap
 
-_PACKAGE = Path(__file__).resolve().parent.parent
 #: every checker whose learner writes the formulas or the kernels
 KINDS = ("backward", "rebuild_p", "online_softmax", "lazy", "beyond", "dq", "dkdv", "autograd", "window")
 
@@ -41,13 +40,11 @@ def _augmented_sum(line: str) -> bool:
     return bool(m) and re.search(r"[^\s*/]\s*[-+]\s*\S", _top_level(m.group(3))) is not None
 
 
-@rule("augmented_precedence", "`x *= a + b` multiplies x by the whole sum",
-      "An augmented assignment applies its operator to everything on the right: acc *= alpha + p @ v "
-      "is acc = acc * (alpha + p @ v), not acc = acc * alpha + p @ v. An accumulator that starts at 0 "
-      "stays 0. Write the update out: acc = acc * alpha + p @ v.", kinds=KINDS)
-def _augmented_precedence(ctx):
-    line = _first_line(ctx, _augmented_sum) if ctx.failing else None
-    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+line_rule("augmented_precedence", "`x *= a + b` multiplies x by the whole sum",
+          "An augmented assignment applies its operator to everything on the right: acc *= alpha + p @ v "
+          "is acc = acc * (alpha + p @ v), not acc = acc * alpha + p @ v. An accumulator that starts at 0 "
+          "stays 0. Write the update out: acc = acc * alpha + p @ v.", kinds=KINDS,
+          test=_augmented_sum, show=("tensors",))
 
 
 def _positions_times_block(src: str):
@@ -92,26 +89,22 @@ def _return_in_loop_rule(ctx):
 _BOUNDARY_PLUS_ONE = re.compile(r"\b(\w*cu\w*)\[\s*(\w+)\s*\]\s*\+\s*1\b")
 
 
-@rule("boundary_plus_one", "a boundary plus one where the next boundary belongs: cu[b] + 1 for cu[b + 1]",
-      "cu_seqlens holds the sequences' boundaries: sequence b is cu_seqlens[b] : cu_seqlens[b + 1]. "
-      "cu_seqlens[b] + 1 is one row past the start, so the slice keeps the sequence's first row only.",
-      kinds=("beyond",))
-def _boundary_plus_one(ctx):
-    line = _first_line(ctx, _BOUNDARY_PLUS_ONE.search) if ctx.failing else None
-    return f"`{line}`; {ctx.case_pattern()}" if line else None
+line_rule("boundary_plus_one", "a boundary plus one where the next boundary belongs: cu[b] + 1 for cu[b + 1]",
+          "cu_seqlens holds the sequences' boundaries: sequence b is cu_seqlens[b] : cu_seqlens[b + 1]. "
+          "cu_seqlens[b] + 1 is one row past the start, so the slice keeps the sequence's first row only.",
+          kinds=("beyond",),
+          test=_BOUNDARY_PLUS_ONE.search)
 
 
 _HEADS_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(H|H_q|H_kv|n_?heads|num_heads|heads)\s*=\s*"
                            r"((?:q|k|v|o|do|query|key|value)(?:_\w+)?)\.(?:shape\s*\[\s*-1\s*\]|size\(\s*-1\s*\))\s*$")
 
 
-@rule("heads_from_head_dim", "the number of heads is read from the last axis, the head dim",
-      "The head count is shape[1] -- of [B, H, S, D] and of a packed [total, H, D] alike; the last "
-      "axis is D, the head dimension. Every per-head tensor drawn or allocated with that count gets D "
-      "heads.", kinds=KINDS)
-def _heads_from_head_dim(ctx):
-    line = _first_line(ctx, _HEADS_FROM_D.search) if ctx.failing else None
-    return f"`{line}`; {ctx.case_pattern()}" if line else None
+line_rule("heads_from_head_dim", "the number of heads is read from the last axis, the head dim",
+          "The head count is shape[1] -- of [B, H, S, D] and of a packed [total, H, D] alike; the last "
+          "axis is D, the head dimension. Every per-head tensor drawn or allocated with that count gets D "
+          "heads.", kinds=KINDS,
+          test=_HEADS_FROM_D.search)
 
 
 def _same_argument_twice(ctx):
@@ -153,27 +146,23 @@ def _same_argument(ctx):
 _CONTIGUOUS = re.compile(r"tl\.(?:load|store)\(\s*\w+\s*\+\s*\w+\[[^\]]*\]\s*\*\s*(?:HEAD_DIM|BLOCK_D|D)\b")
 
 
-@rule("contiguous_assumed", "a tile is addressed as if its tensor were contiguous",
-      "A row's address is row * stride_s + column * stride_d, with the tensor's own strides: a row "
-      "is HEAD_DIM elements long only when the tensor is contiguous and unpadded. A transposed "
-      "[B, S, H, D] view or a padded head dim has other strides, and offs * HEAD_DIM reads other rows.",
-      kinds=("dq", "dkdv"))
-def _contiguous_assumed(ctx):
-    line = _first_line(ctx, lambda c: _CONTIGUOUS.search(c) and "stride" not in c) if ctx.failing else None
-    return f"`{line}`; {ctx.case_pattern()}" if line else None
+line_rule("contiguous_assumed", "a tile is addressed as if its tensor were contiguous",
+          "A row's address is row * stride_s + column * stride_d, with the tensor's own strides: a row "
+          "is HEAD_DIM elements long only when the tensor is contiguous and unpadded. A transposed "
+          "[B, S, H, D] view or a padded head dim has other strides, and offs * HEAD_DIM reads other rows.",
+          kinds=("dq", "dkdv"),
+          test=lambda c: _CONTIGUOUS.search(c) and "stride" not in c)
 
 
 _FLAT_PROGRAM = re.compile(r"\bpid_bh(?:\.to\(tl\.int64\))?\s*\*\s*stride_\w*_h\b")
 
 
-@rule("flat_batch_head", "a (batch, head) program id times the head stride alone",
-      "pid_bh * stride_h reaches the right (batch, head) only when stride_b = H * stride_h, a "
-      "contiguous [B, H, S, D] tensor. Split the id, b = pid_bh // H and h = pid_bh % H, and offset "
-      "b * stride_b + h * stride_h: a transposed or padded tensor has other strides.",
-      kinds=("dq", "dkdv"))
-def _flat_batch_head(ctx):
-    line = _first_line(ctx, _FLAT_PROGRAM.search) if ctx.failing else None
-    return f"`{line}`; {ctx.case_pattern()}" if line else None
+line_rule("flat_batch_head", "a (batch, head) program id times the head stride alone",
+          "pid_bh * stride_h reaches the right (batch, head) only when stride_b = H * stride_h, a "
+          "contiguous [B, H, S, D] tensor. Split the id, b = pid_bh // H and h = pid_bh % H, and offset "
+          "b * stride_b + h * stride_h: a transposed or padded tensor has other strides.",
+          kinds=("dq", "dkdv"),
+          test=_FLAT_PROGRAM.search)
 
 
 _P_FILLED = re.compile(r"^\s*([pP]\w*)\s*=\s*\1\.masked_fill\(.*,\s*(?:float\(\s*[\"']-inf[\"']\s*\)|"
@@ -182,10 +171,8 @@ _FILL_NEG_INF = re.compile(r"where\(.*\bexp2?\(.*,\s*(?:-\s*float\(\s*[\"']inf[\
                            r"-\s*(?:math|torch)\.inf)\s*\)\s*$")
 
 
-@rule("p_filled_neg_inf", "P is filled with -inf after the exponential: the hidden entries need 0",
-      "-inf belongs on the *scores*, before the exponential: exp(-inf) = 0. After it, P itself is "
-      "the weight, and a hidden entry's weight is 0: where the mask is False, fill 0.0. -inf in P "
-      "turns every product it enters into -inf or NaN.", kinds=("dq", "dkdv", "backward", "lazy", "beyond"))
-def _p_filled_neg_inf(ctx):
-    line = _first_line(ctx, lambda c: _FILL_NEG_INF.search(c) or _P_FILLED.search(c)) if ctx.failing else None
-    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+line_rule("p_filled_neg_inf", "P is filled with -inf after the exponential: the hidden entries need 0",
+          "-inf belongs on the *scores*, before the exponential: exp(-inf) = 0. After it, P itself is "
+          "the weight, and a hidden entry's weight is 0: where the mask is False, fill 0.0. -inf in P "
+          "turns every product it enters into -inf or NaN.", kinds=("dq", "dkdv", "backward", "lazy", "beyond"),
+          test=lambda c: _FILL_NEG_INF.search(c) or _P_FILLED.search(c), show=("tensors",))

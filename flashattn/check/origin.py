@@ -16,6 +16,11 @@ from pathlib import Path
 
 import torch
 
+#: flashattn/ and Python's standard library: code there is not the learner's
+_PACKAGE = Path(__file__).resolve().parent.parent
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()      # inspect.py binding a call's arguments, say
+
+
 def _unwrap(fn):
     for _ in range(5):
         if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
@@ -66,7 +71,6 @@ def _kernels_used(fn) -> list:
 def learner_sources(fn) -> list:
     """The source of ``fn``, of the Triton kernels it launches and of the autograd.Function
     classes it calls, for the diagnoses that read the code (flashattn's own code left out)."""
-    pkg_dir = Path(__file__).resolve().parent.parent
     f = _unwrap(fn)
     found = [f] + [k.fn for _, k in _kernels_used(fn)]
     glb, code = getattr(f, "__globals__", {}), getattr(f, "__code__", None)
@@ -74,14 +78,14 @@ def learner_sources(fn) -> list:
         obj = glb.get(name)
         if isinstance(obj, type) and issubclass(obj, torch.autograd.Function):
             found.append(obj)
-        elif inspect.isfunction(obj) and obj is not f and _learners_own(obj, pkg_dir):
+        elif inspect.isfunction(obj) and obj is not f and _learners_own(obj):
             found.append(obj)         # a helper of the learner's (sequence_backward beside packed_backward)
     out = []
     for obj in found:
         for part in _parts(obj):
             try:
                 path = Path(inspect.getsourcefile(part) or "").resolve()
-                if pkg_dir in path.parents:
+                if _PACKAGE in path.parents:
                     continue
                 text = inspect.getsource(part)
             except (OSError, TypeError):
@@ -91,13 +95,22 @@ def learner_sources(fn) -> list:
     return out
 
 
-def _learners_own(fn, pkg_dir: Path) -> bool:
+def _learners_own(fn) -> bool:
     """Whether a plain function was written by the learner: not this package's, not a library's."""
     try:
-        path = Path(inspect.getsourcefile(fn) or "").resolve()
+        return is_learners_file(inspect.getsourcefile(fn) or "")
     except TypeError:
         return False
-    return pkg_dir not in path.parents and not ({"site-packages", "dist-packages"} & set(path.parts))
+
+
+def is_learners_file(path: str) -> bool:
+    """Whether code at ``path`` is the learner's own: a notebook cell, or a file outside this
+    package, Python's standard library and the installed libraries."""
+    if _in_notebook(path):
+        return True
+    p = Path(path).resolve()
+    return not (_PACKAGE in p.parents or _STDLIB in p.parents or path.startswith("<frozen")
+                or "site-packages" in p.parts or "dist-packages" in p.parts)
 
 
 def _parts(obj) -> list:
@@ -137,14 +150,9 @@ def error_frames(exc: BaseException) -> list:
 def learners_frame(exc: BaseException):
     """(frame, lineno) of the innermost frame of the learner's own code (a notebook cell, else a
     file outside this package and the installed libraries), or None."""
-    pkg = Path(__file__).resolve().parent.parent
-    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()      # inspect.py binding a call's arguments
     found = None
     for frame, lineno in error_frames(exc):
-        path = frame.f_code.co_filename
-        p = Path(path).resolve()
-        if _in_notebook(path) or not (pkg in p.parents or stdlib in p.parents or path.startswith("<frozen")
-                                      or "site-packages" in p.parts or "dist-packages" in p.parts):
+        if is_learners_file(frame.f_code.co_filename):
             found = (frame, lineno)
     return found
 
@@ -236,7 +244,6 @@ def describe_origin(fn, role: str = "your function") -> tuple[list, list]:
     when that is probably not the copy you are editing."""
     lines, warnings = [], []
     items = [(role, fn, None)] + [("kernel", k.fn, k) for _, k in _kernels_used(fn)]
-    pkg_dir = Path(__file__).resolve().parent.parent          # flashattn/
     for label, f, kernel in items:
         f = _unwrap(f)
         name = getattr(f, "__qualname__", getattr(f, "__name__", repr(f)))
@@ -253,7 +260,7 @@ def describe_origin(fn, role: str = "your function") -> tuple[list, list]:
         mod_file = getattr(mod, "__file__", None)
         lines.append(f"{label} `{name}`: from {shown_path(p)}" +
                      (f" (module {f.__module__})" if mod_file else ""))
-        if pkg_dir in p.parents:
+        if _PACKAGE in p.parents:
             warnings.append(f"{label} `{name}` is flashattn's own implementation ({p.name}), not yours.")
             continue
         if "site-packages" in p.parts or "dist-packages" in p.parts:

@@ -13,7 +13,6 @@ import sys
 import traceback
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -342,14 +341,11 @@ def learners_warnings(caught: list) -> list:
     checker records them instead of printing one per case, and shows them with a failure."""
     import linecache
 
-    from .origin import _in_notebook, shown_path
+    from .origin import _in_notebook, is_learners_file, shown_path
 
-    pkg = Path(__file__).resolve().parent.parent
     out = []
     for w in caught:
-        p = Path(w.filename).resolve()
-        if not _in_notebook(w.filename) and (pkg in p.parents or "site-packages" in p.parts
-                                             or "dist-packages" in p.parts or w.filename.startswith("<frozen")):
+        if not is_learners_file(w.filename):
             continue
         place = "a notebook cell" if _in_notebook(w.filename) else shown_path(w.filename)
         line = linecache.getline(w.filename, w.lineno).strip()
