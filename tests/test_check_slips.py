@@ -38,6 +38,11 @@ The diagnoses and what they read:
                       indexed [0]; exceptions traced to their origin: an accumulator's zeros,
                       a loop one long, a caller's slice, delta refused by the launcher
                       (exception_origins.py, launch_rules.py, runtime.validate_row_stats)
+  blind set N         a cast down on the line named as the odd operand, a head-dim tile narrower
+                      than D, the LSE or delta scaled once more (substitutions.py), the lazy
+                      forward recomputed with scale 1.0, dTau's column sums quoted, a position
+                      vector on the wrong axis, a mask shaped like i, the cu_seqlens swapped, Z
+                      applied again on dQ, a returned transpose quoted, 02o's mask bottom-right
 """
 import pytest
 
@@ -293,6 +298,26 @@ EDITS = [
     ("09b", "seen = visible_mask(S_q, S_k, window).to(q.device)", "seen = visible_mask(S_k, S_q, window).to(q.device)",
      "exception", "the mask is [S_k, S_q], its two lengths the other way round"),
     # ---- blind set N's misses
+    ("02o", "acc = acc * alpha + p @ vb", "acc = acc * alpha + p.to(v.dtype) @ vb", "exception", "casts p down"),
+    ("02o", 's = s.masked_fill(cols > rows, float("-inf"))', 's = s.masked_fill(cols - (S_k - S_q) > rows, float("-inf"))',
+     "online_bottom_right", "aligned bottom-right"),
+    ("02p", "return torch.exp(S - lse[..., None])", "return torch.exp(S - lse[..., None]).mT", "shape",
+     "turns the result round"),
+    ("03", "BLOCK_D=flashattn.runtime.head_dim_block(D),", "BLOCK_D=32,", "head_dim_tile", "the tile is 32 columns wide"),
+    ("01", "delta = (do * o).sum(dim=-1, keepdim=True)", "delta = (do * o).sum(dim=-1, keepdim=True) / scale",
+     "scaled_statistic", "delta / scale in place of delta"),
+    ("05", "delta = flashattn.attention_backward_delta(o, do)", "delta = flashattn.attention_backward_delta(o, do) * ctx.scale",
+     "scaled_statistic", "delta * scale in place of delta"),
+    ("07", "P, A, O = forward_one_head(q, k, v, bias, tau, scale)", "P, A, O = forward_one_head(q, k, v, bias, tau, 1.0)",
+     "lazy_recompute_unscaled", "recomputed without the scale"),
+    ("07", "dtau = (dP.sum(-1) / (i + 1)).sum()", "dtau = (dP.sum(dim=0) / (i + 1)).sum()", "lazy_dtau_broadcast",
+     "sums dP over the query rows"),
+    ("09m", "j = torch.arange(S_k)[None, :]", "j = torch.arange(S_k)[:, None]", "exception", "is a column where a row belongs"),
+    ("09m", "seen = torch.ones(S_q, S_k, dtype=torch.bool)", "seen = torch.ones_like(i, dtype=torch.bool)", "shape",
+     "the shape of i, the query positions"),
+    ("09b", "cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()",
+     "cu_k, cu_q = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()", "exception", "The two offset lists are swapped"),
+    ("09b", "dq = ds @ k * scale", "dq = (ds * z) @ k * scale", "dq_dropped", "dQ multiplies dS by the dropout mask again"),
     ("02p", "torch.exp(S - lse[..., None])", "torch.exp(S - lse[..., None] * scale)", "scale_on_difference",
      "the LSE is multiplied by the scale"),
     ("02p", "    if causal:\n", "    if causal and S.shape[-2] == S.shape[-1]:\n", "no_mask",

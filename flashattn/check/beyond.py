@@ -306,7 +306,8 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
     if slip == "delta_rescaled":
         delta = delta / (1.0 - p)
     ds = (P * z_dv if slip == "ds_dropped_p" else P) * (dp - delta)
-    return ds @ k * scale, ds.transpose(-1, -2) @ q * scale, dv
+    ds_for_dq = ds * z_dv if slip == "dq_dropped" else ds     # Z once more, in dQ's line only
+    return ds_for_dq @ k * scale, ds.transpose(-1, -2) @ q * scale, dv
 
 
 def _heads_first(t):
@@ -401,7 +402,7 @@ def _make(case: BeyondCase, dtype, device, seed, with_do):
 
 #: mistakes that change the result only with dropout on, and how each is put in
 DROPOUT_SLIPS = ("no_rescale", "no_rescale_dv", "no_rescale_dp", "dv_no_mask", "dp_no_mask", "ds_dropped_p",
-                 "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence")
+                 "dq_dropped", "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence")
 
 
 def _variants(case: BeyondCase, x) -> dict:

@@ -150,6 +150,9 @@ _slip_rule("no_rescale", "the 1 / (1 - p) rescale is missing in the backward (dV
            kinds=("beyond",))   # after the two above: each of those explains fewer wrong outputs
 _slip_rule("dv_no_mask", "dV ignores the dropout mask (P^T dO)", _DROPOUT_IDEA, kinds=("beyond",))
 _slip_rule("dp_no_mask", "dP ignores the dropout mask", _DROPOUT_IDEA, kinds=("beyond",))
+_slip_rule("dq_dropped", "dQ multiplies dS by the dropout mask again: Z is already inside dP",
+           _DROPOUT_IDEA + " dQ = dS K * scale and dK = dS^T Q * scale share that one dS: a second Z / (1 - p) "
+           "on dQ's line alone (dK right) drops and rescales dS twice.", kinds=("beyond",))
 _slip_rule("ds_dropped_p", "dS uses the dropped P (P * Z / (1 - p)) instead of P", _DROPOUT_IDEA,
            kinds=("beyond",))
 _slip_rule("delta_unmasked_dp", "delta is summed from a dP without the dropout mask", _DROPOUT_IDEA,

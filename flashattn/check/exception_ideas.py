@@ -311,6 +311,15 @@ def _dtype_idea(r) -> Optional[str]:
     if len(kinds) != 2:
         return None
     low, high = sorted(kinds, key=lambda d: d.itemsize)
+    line = _learners_line(r.error)[2]
+    # a cast down on the line itself (p.to(v.dtype), x.half()): the cast is the odd operand, and a
+    # name read only for its .dtype is no operand at all
+    cast = re.search(r"([A-Za-z_][\w.]*)\.(?:to\(\s*(\w+)\.dtype\s*\)|half\(\)|bfloat16\(\)|"
+                     r"to\(\s*torch\.(?:float16|half|bfloat16)\s*\))", line)
+    if cast and (cast.group(2) is None or floats.get(cast.group(2)) == low):
+        return (f"`{cast.group(0)}` casts {cast.group(1)} down to {low} on this line, while the rest of it is "
+                f"{high}: a product of the two raises. Keep the running values in fp32 (no cast inside the loop) "
+                f"and cast the result once, at the end, with .to(q.dtype).")
     odd = [n for n, d in floats.items() if d == low]
     made = _made_by(r.error, odd)
     where = f" (made by `{made[odd[0]]}`)" if odd[0] in made else ""
@@ -332,6 +341,19 @@ def _built_from_wrong_length(exc, shapes: dict, sizes: set, names: dict) -> Opti
         meets = next((o for o, osh in shapes.items() if o != n and other in osh), None)
         if meets is None:
             continue
+        # arange(S_k) made a column, or arange(S_q) a row: the right length on the wrong axis
+        arg = re.search(r"arange\(([^)]*)\)", made[n]).group(1)
+        keys = bool(re.search(r"S_k|shape\[-1\]|shape\[3\]", arg))
+        queries = bool(re.search(r"S_q|shape\[-2\]|shape\[2\]", arg))
+        column = len(sh) == 2 and sh[-1] == 1
+        named = ("keys" if re.fullmatch(r"j|cols?|key\w*|k_\w*|offs_n", n) else
+                 "queries" if re.fullmatch(r"i|rows?|quer\w*|q_\w*|offs_m", n) else None)
+        if keys != queries and column == keys and named in (None, "keys" if keys else "queries"):
+            return (f"{n} {said(sh, names)} from `{made[n]}` is a {'column' if column else 'row'} where a "
+                    f"{'row' if column else 'column'} belongs: {'key' if keys else 'query'} positions run along "
+                    f"the {'last' if keys else 'first'} axis of [S_q, S_k], so they go "
+                    f"{'[None, :]' if keys else '[:, None]'} (a {'row [1, S_k]' if keys else 'column [S_q, 1]'}). "
+                    f"Query positions i are a column, key positions j a row: i - j then broadcasts to [S_q, S_k].")
         return (f"{n} {said(sh, names)} from `{made[n]}` has {length} entries, but on this line it meets {meets} "
                 f"{said(shapes[meets], names)}, whose axis there holds {other}: {n} is built from the wrong length. "
                 f"Query positions run over S_q, key positions over S_k.")
@@ -364,6 +386,17 @@ def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
                 return (f"{name} {list(sh)} is in the packed layout, heads last, beside {other} {list(osh)}, heads "
                         f"first: one sequence's slice of a packed [total, H] tensor must be transposed to [H, S] "
                         f"({name}[qs].T), as q, k and v are moved to [H, S, D].")
+    if seen is not None and len(seen) == 2 and lens_q:
+        # the mask [S_k, S_q] while the scores are sliced right too is visible_mask's arguments swapped (below)
+        swapped = [b for b, (lq, lk) in enumerate(zip(lens_q, lens_k)) if lq != lk and tuple(seen) == (lk, lq)
+                   and not any(len(sh) == 3 and tuple(sh[-2:]) == (lq, lk) for sh in shapes.values())]
+        if swapped:
+            b = swapped[0]
+            return (f"The window's mask is {list(seen)} in sequence {b}, whose S_q = {lens_q[b]} and S_k = "
+                    f"{lens_k[b]}: its query length came from cu_seqlens_k and its key length from cu_seqlens_q. "
+                    f"The two offset lists are swapped -- where they are unpacked, passed or indexed -- so the "
+                    f"queries are also sliced at the keys' offsets. Query-side tensors (q, o, do, lse) go with "
+                    f"cu_seqlens_q, key-side ones (k, v) with cu_seqlens_k.")
     if seen is not None and len(seen) == 2:
         for name, sh in shapes.items():
             if name != "seen" and len(sh) == 3 and sh[-2:] == seen[::-1] and seen[0] != seen[1]:

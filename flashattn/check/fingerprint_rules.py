@@ -6,6 +6,7 @@ is imported there: after the memory rules, before NaN, constant factors and the 
 from __future__ import annotations
 
 import math
+import re
 
 from .diagnose import fingerprint_rule as _fp
 from .diagnose import fingerprint_test as _fingerprint_test
@@ -312,6 +313,10 @@ def _lazy_gate(ctx):
 
 for _id, _title, _idea in [
         ("lazy_scale", "dQ and dK are missing the scale", "S = Q K^T * scale + b, so dQ = dS K * scale and dK = dS^T Q * scale."),
+        ("lazy_recompute_unscaled", "the forward is recomputed without the scale (scale 1.0)",
+         "The backward rebuilds P, A and O with the forward's own call, so that call needs the same "
+         "scale as the forward had: with 1.0 every recomputed matrix is that of other scores, and all "
+         "five gradients follow it. Pass scale on: forward_one_head(q, k, v, bias, tau, scale)."),
         ("lazy_dk_transpose", "dK needs dS transposed", "Key j collects dS[i, j] over the query rows i: dK = dS^T Q * scale."),
         ("lazy_dv", "dV is computed from P instead of A", "O = A V, so dV = A^T dO with A the ReLU-shifted matrix, not the softmax P."),
         ("lazy_dbias_diagonals", "dBias sums the wrong diagonals",
@@ -389,6 +394,11 @@ _fp("online_overlapping_blocks", "the blocks overlap: the loop's step is smaller
     "The loop must step by the block's width, range(0, S_k, block_n), for block [start, start + "
     "block_n) to follow the previous one exactly; a smaller step makes consecutive blocks share keys, "
     "which are then counted twice.", kinds=("online_softmax",))
+_fp("online_bottom_right", "the causal mask is aligned bottom-right: j <= i + S_k - S_q",
+    "This course aligns the causal mask top-left: query i sees keys j <= i, whatever S_q and S_k "
+    "(FlashAttention aligns it bottom-right when S_q != S_k, so that the last query sees every key). "
+    "The two agree when S_q == S_k; with S_q > S_k the bottom-right mask leaves the first rows with "
+    "no key at all (0/0 = NaN). Mask with cols > rows, no offset.", kinds=("online_softmax",))
 _fp("online_block_softmax", "each block is normalised by its own softmax",
     "p = exp(s - m_new), unnormalised: the division happens once, at the end, by l -- the sum over "
     "*every* block, each rescaled by alpha. A softmax per block divides each block by its own sum, "
@@ -455,10 +465,24 @@ _fp("lazy_dbias_shifted", "dBias reads the diagonals one further: d + 1 where d 
     "bias[d] sits on diagonal d = i - j, for d = 0 ... W: dBias[d] = sum of dS along diagonal d "
     "(torch.diagonal(dS, offset=-d)), over range(W + 1). A range that starts at 1 shifts every "
     "entry by one diagonal.", kinds=("lazy",))
-_fp("lazy_dtau_broadcast", "dTau divides by the key's position, not the query row's",
-    "tau/(i+1) belongs to query row i: divide each *row* sum of dP, dP.sum(-1), by i + 1. Two slips "
-    "give the same wrong numbers, column j divided by j + 1: a vector of length L broadcast along the "
-    "last axis (dP / (i + 1)), and the column sums dP.sum(0) divided by i + 1.", kinds=("lazy",))
+_DTAU_BROADCAST = ("tau/(i+1) belongs to query row i: divide each *row* sum of dP, dP.sum(-1), by i + 1. Two "
+                   "slips give the same wrong numbers, column j divided by j + 1: a vector of length L broadcast "
+                   "along the last axis (dP / (i + 1)), and the column sums dP.sum(0) divided by i + 1.")
+
+
+@rule("lazy_dtau_broadcast", "dTau divides by the key's position, not the query row's", _DTAU_BROADCAST,
+      kinds=("lazy",))
+def _dtau_broadcast(ctx):
+    from .code_rules import _first_line
+    evidence = _fingerprint_test("lazy_dtau_broadcast")(ctx)
+    column_sums = evidence and _first_line(ctx, lambda c: re.search(
+        r"\.sum\(\s*(?:dim\s*=\s*|axis\s*=\s*)?(?:0|-2)\s*\)", c) and "tau" in c.lower())
+    if not column_sums:
+        return evidence
+    return (f"`{column_sums}`; {evidence}",
+            "`.sum(0)` sums dP over the query rows: one sum per *key* j, which the division by i + 1 then "
+            "gives key j's 1/(j + 1). tau/(i+1) belongs to query row i: divide each *row* sum, "
+            "dP.sum(-1) (or dim=1), by i + 1, then add the rows up.")
 _fp("lazy_delta_scalar", "delta is one number for the whole head: summed over every row too",
     "delta_i = rowsum(P * dP)_i, one number per query row: (P * dP).sum(-1, keepdim=True). A .sum() "
     "over everything subtracts the head's total from every entry of dP.", kinds=("lazy",))
@@ -537,7 +561,7 @@ _fp("overcount", "too large by whole factors: several threads add the same value
       kinds=("backward", "dq", "dkdv", "autograd"))
 def _wrong_argument(ctx):
     from .substitutions import possible
-    labels = {f for r in ctx.failing for f in r.fingerprints if f.startswith("subst:")}
+    labels = {f for r in ctx.failing for f in r.fingerprints if f.startswith("subst:") and " scale in place" not in f}
     best = None
     for label in sorted(labels):
         where = [r for r in ctx.failing if possible(r.case, label[6:])]
@@ -551,3 +575,18 @@ def _wrong_argument(ctx):
     n, label, other = best
     rest = f" (in the other {other} the two tensors' shapes differ)" if other else ""
     return f"yours: {label}, exactly, in {n} of {len(ctx.failing)} failing cases{rest}; {ctx.tensor_pattern()}"
+
+
+@rule("scaled_statistic", "the LSE or delta carries the scale once more",
+      "The scale belongs once, on the scores: S = Q K^T * scale, and so on dQ and dK. The LSE "
+      "(the log of the scaled scores' row sums) and delta = rowsum(dO * O) are made from what "
+      "already carries it: multiplied (or divided) by the scale again, P = exp(S - LSE) or dS = P * "
+      "(dP - delta) comes out wrong. Find where that vector is made or passed on, and drop the factor.",
+      kinds=("backward", "dq", "dkdv", "autograd"))
+def _scaled_statistic(ctx):
+    labels = {f for r in ctx.failing for f in r.fingerprints if f.startswith("subst:") and " scale in place" in f}
+    hits = {label: [r for r in ctx.failing if label in r.fingerprints] for label in labels}
+    label = max(sorted(hits), key=lambda n: len(hits[n]), default=None)
+    if label is None or len(hits[label]) != len(ctx.failing) or len(ctx.failing) < 2:
+        return None
+    return f"yours: {label[6:]}, exactly, in {len(ctx.failing)} of {len(ctx.failing)} failing cases; {ctx.tensor_pattern()}"

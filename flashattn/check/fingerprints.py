@@ -461,6 +461,7 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_mask_zero": _online(case, x, case.scale_value, torch.exp, slip="mask_zero"),
             "online_p_times_alpha": _online(case, x, case.scale_value, torch.exp, slip="p_times_alpha"),
             "online_overlapping_blocks": _online(case, x, case.scale_value, torch.exp, slip="overlap"),
+            "online_bottom_right": _online(case, x, case.scale_value, torch.exp, slip="bottom_right"),
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -482,7 +483,8 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
         s = q @ k[..., n0:end, :].transpose(-1, -2) * scale
         if case.causal:
             cols = torch.arange(n0, end, device=q.device)[None, :]
-            s = s.masked_fill(cols > rows, 0.0 if slip == "mask_zero" else float("-inf"))   # mask_zero: S = 0
+            shift = case.S_k - case.S_q if slip == "bottom_right" else 0      # bottom_right: j <= i + S_k - S_q
+            s = s.masked_fill(cols > rows + shift, 0.0 if slip == "mask_zero" else float("-inf"))   # mask_zero: S = 0
         m_new = s.amax(-1, keepdim=True) if slip == "block_max" else torch.maximum(m, s.amax(-1, keepdim=True))
         # alpha_block_max: the old sums rescaled against this block's maximum, not the new one
         alpha = torch.exp(m - (s.amax(-1, keepdim=True) if slip == "alpha_block_max" else m_new))

@@ -95,7 +95,7 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
     """The classic mistakes of the lazy-attention backward, for the heads of one batch element
     (q, k, v, do ``[H, L, D]``, bias ``[H, W+1]``, tau ``[H]``; ``f``: the explicit formulas of
     ``lazy.reference.lazy_backward_formulas`` for them, batch dimension dropped)."""
-    from ..lazy.reference import diagonal_sums
+    from ..lazy.reference import diagonal_sums, lazy_backward_formulas
 
     L = q.shape[-2]
     W = bias.shape[-1] - 1
@@ -115,6 +115,11 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
     dP2 = dA * (causal & (P + (tau.double()[:, None] / (i + 2).double())[..., None] > 0))
     dPa = dA * (causal & (A + c[..., None] > 0))
 
+    # the forward recomputed with scale 1.0 (the scale left out of its call), dQ and dK scaled after
+    f1 = lazy_backward_formulas(q[None], k[None], v[None], bias, tau, do[None], scale=1.0)
+    unscaled = {"dQ": f1["dQ"][0] * scale, "dK": f1["dK"][0] * scale, "dV": f1["dV"][0],
+                "dBias": f1["dBias"], "dTau": f1["dTau"]}
+
     def from_ds(dS_):   # the gradients that follow from a (wrong) dS
         return {"dQ": dS_ @ k * scale, "dK": dS_.transpose(-1, -2) @ q * scale, "dBias": diagonal_sums(dS_, W)}
 
@@ -126,6 +131,7 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         # no gate at all, not even the causal one (dP = dA): dTau sums dA over hidden keys too
         "lazy_gate:ungated": from_dp(dA),
         "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
+        "lazy_recompute_unscaled": unscaled,
         "lazy_dk_transpose": {"dK": dS @ q * scale},
         "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
         "lazy_dbias_diagonals": {"dBias": diagonal_sums(dS.transpose(-1, -2), W)},

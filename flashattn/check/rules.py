@@ -151,6 +151,15 @@ def _shape(ctx):
         got = [int(x) for x in m.group(2).split(",") if x.strip()]
         want = [int(x) for x in m.group(3).split(",") if x.strip()]
         story = shape_story(m.group(1), got, want, r.case)
+        if story and "comes out transposed" in story:
+            from .code_rules import _first_line
+            turned = _first_line(ctx, lambda c: c.startswith("return") and
+                                 re.search(r"\.mT\b|\.T\b|\.transpose\(|\.permute\(", c))
+            if turned and "mask" in m.group(1):
+                story = f"`{turned}` turns it round. {story}"
+            elif turned:
+                story = (f"`{turned}` turns the result round: {m.group(1)} comes out {tuple(got)} where "
+                         f"{tuple(want)} belongs. Return it as it was computed, without that transpose.")
         if story:
             return message, story
         off = [(i, g - w) for i, (g, w) in enumerate(zip(got, want)) if g != w] if len(got) == len(want) else []
@@ -519,6 +528,25 @@ def _read_past_end(ctx):
 
 
 add_structure_rules("never_stored")
+
+
+@rule("head_dim_tile", "the head-dim tile is narrower than the head dim: the last columns are never stored",
+      "Every row was stored, but only its first columns: the tile's column axis, tl.arange(0, BLOCK_D), "
+      "must cover the whole head dim, so BLOCK_D is D rounded up to a power of two "
+      "(triton.next_power_of_2(D)) with the columns masked by `offs_d < D` -- not the row block's "
+      "size or a fixed number. Cases with D <= that width pass, which is why only some fail.")
+def _head_dim_tile(ctx):
+    for r, t in ctx.bad_tensors():
+        a = t.actual
+        if not t.unwritten or a is None or a.dim() != 4:
+            continue
+        nan_cols = torch.isnan(a).all(dim=(0, 1, 2))
+        width = int((~nan_cols).sum())
+        if 0 < width < a.shape[-1] and bool(nan_cols[width:].all()) and bool(torch.isfinite(a[..., :width]).all()):
+            return (f"in '{r.case.name}' (D = {a.shape[-1]}) columns {width}-{a.shape[-1] - 1} of every row of "
+                    f"{t.name} were never written, columns 0-{width - 1} were: the tile is {width} columns wide; "
+                    f"{ctx.case_pattern()}")
+    return None
 
 
 @rule("unwritten", "some output elements were never written",

@@ -93,6 +93,13 @@ def shape_story(name: str, got, want, case) -> Optional[str]:
                 f"that makes it has its operands in the other order, or one transpose too many or too few: "
                 f"(A B)^T = B^T A^T, so dV = P^T dO is [S_k, S_q] @ [S_q, D], while dO^T P is its transpose "
                 f"[D, S_k].")
+    if "mask" in name and len(want) == 2 and got in ([want[0], 1], [1, want[1]]):
+        column = got[1] == 1
+        pos = "i, the query positions [S_q, 1]" if column else "j, the key positions [1, S_k]"
+        return (f"The {name} is {g}, the shape of {pos}, where {w} belongs: it was started from that vector "
+                f"(torch.ones_like({'i' if column else 'j'}), {'i' if column else 'j'} >= ...) and never "
+                f"broadcast against the other axis. Start from the full grid, torch.ones(S_q, S_k, "
+                f"dtype=torch.bool), or from a comparison that holds both i and j.")
     for other, shape in input_shapes(case).items():
         if list(shape) == got and list(shape) != want:
             return (f"{name} is {g}, the shape of {other}, where {w} belongs: it was made from {other} "

@@ -125,6 +125,15 @@ def variants(case: Case, x, kind: str) -> list:
                 if b != a and _fits(case, a, b) and not (b == "O" and kind in ("dq", "dkdv")):
                     add(f"{_pretty(outputs, kind)} what {call} computes when given {b} in place of {a}",
                         {slot: b for slot in slots}, outputs)
+    # a per-row statistic with the scale put on it once more (or divided out): the LSE and
+    # delta belong to the scaled scores already
+    for slot in ("P.lse", "dS.delta"):
+        if slot in _OWN_SLOTS[kind]:
+            a, formula = SLOTS[slot]
+            reach = tuple("d" + c for c in _REACHES[slot])
+            for said, factor in ((f"{a} * scale", case.scale_value), (f"{a} / scale", 1 / case.scale_value)):
+                T[said] = T[a] * factor
+                add(f"{_pretty(reach, kind)} the formula with {said} in place of {a} in {formula}", {slot: said}, reach)
     if case.S_q == case.S_k:                  # a product without its transpose keeps its shape
         for flip, formula in (("dV", "dV = P dO (P where P^T belongs)"), ("dK", "dK = dS Q (dS where dS^T belongs)"),
                               ("dQ", "dQ = dS^T K (dS^T where dS belongs)"), ("dP", "dP = V dO^T (transposed)")):
