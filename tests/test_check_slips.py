@@ -297,6 +297,11 @@ EDITS = [
      "delta = tl.load(delta_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)", "address_terms", "stride_lse_s"),
     ("09b", "seen = visible_mask(S_q, S_k, window).to(q.device)", "seen = visible_mask(S_k, S_q, window).to(q.device)",
      "exception", "the mask is [S_k, S_q], its two lengths the other way round"),
+    # ---- a window edge written with another formula (window_edges.py: the class, not a list)
+    ("09m", "seen &= j <= i + right", "seen &= j >= i + right", "window_edge_formula",
+     "right edge `j >= i + right` where `j <= i + right` belongs"),
+    ("09m", "seen &= j >= i - left", "seen &= j >= i - left - right", "window_edge_formula",
+     "left edge `j >= i - left - right`"),
     # ---- blind set N's misses
     ("02o", "acc = acc * alpha + p @ vb", "acc = acc * alpha + p.to(v.dtype) @ vb", "exception", "casts p down"),
     ("02o", 's = s.masked_fill(cols > rows, float("-inf"))', 's = s.masked_fill(cols - (S_k - S_q) > rows, float("-inf"))',

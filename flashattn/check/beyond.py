@@ -27,6 +27,7 @@ from .. import runtime
 from .battery import Case
 from .diagnose import ShapeError
 from .runner import inputs_changed, run_battery, snapshot_inputs
+from .window_edges import edge_formulas
 
 
 # --------------------------------------------------------------------------------------
@@ -190,7 +191,8 @@ def window_mask(fn, *, raise_on_fail: bool = True, show: bool = True):
         return {"mask": _as_mask_tensor(got.cpu())}, {"mask": _as_mask_tensor(x.expected)}, {}
 
     def variants(case, x):
-        slips = dict(window_slips(case.S_q, case.S_k, case.window), window_returned_inverted=~x.expected)
+        slips = dict(window_slips(case.S_q, case.S_k, case.window), window_returned_inverted=~x.expected,
+                     **edge_formulas(case.S_q, case.S_k, case.window))
         return {n: {"mask": _as_mask_tensor(m)} for n, m in slips.items()}
 
     return run_battery("check.window_mask", fn, WINDOW_CASES, run_case, kind="window", dtype=torch.float64,

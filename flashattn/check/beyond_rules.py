@@ -6,6 +6,7 @@ a window, only with several sequences -- when no fingerprint fits. Registered in
 """
 from __future__ import annotations
 
+from . import window_edges
 from .diagnose import fingerprint_rule, rule
 
 KINDS = ("window", "beyond")
@@ -301,6 +302,25 @@ def _beyond_custom_scale(ctx):
             all(r.ok for r in ctx.results if not custom(r.case)):
         return f"only {ctx.names_of(ctx.failing)} fail(s), the case(s) whose scale is not D ** -0.5; {ctx.tensor_pattern()}"
     return None
+
+
+# an edge with another formula (window_edges.py generates them): after the named slips
+@rule("window_edge_formula", "one edge of the window is computed with another formula",
+      "window = (left, right): query i sees keys i - left ... i + right, both ends included (-1: no "
+      "limit on that side). Each edge is relative to the query's own position i, with its own side's "
+      "width: j >= i - left and j <= i + right.", kinds=("window",))
+def _edge_formula(ctx):
+    common = None
+    for r in ctx.failing:
+        labels = {f for f in r.fingerprints if f.startswith("edge:")}
+        common = labels if common is None else common & labels
+    if not common:
+        return None
+    # the simplest formula that fits every failing case: the base i, no end moved, the comparison kept
+    label = min(sorted(common), key=lambda n: (" 1" in n, "S_k" in n, " i " not in f" {n} ", len(n)))
+    _, side, formula = label.split(":", 2)
+    return (f"in all {len(ctx.failing)} failing cases your mask equals the right one with its {side} edge "
+            f"`{formula}` where `{window_edges.RIGHT_EDGES[side]}` belongs")
 
 
 @rule("window_cases", "only cases with a window fail, in a way no classic slip explains",
