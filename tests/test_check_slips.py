@@ -302,6 +302,11 @@ EDITS = [
      "right edge `j >= i + right` where `j <= i + right` belongs"),
     ("09m", "seen &= j >= i - left", "seen &= j >= i - left - right", "window_edge_formula",
      "left edge `j >= i - left - right`"),
+    # ---- one operand of the lazy chain in another's place (check/lazy.py: the class, not a list)
+    ("07", "dv = A.T @ do", "dv = A.T @ v", "lazy_wrong_operand", "V in place of dO in dV = A^T dO"),
+    ("07", "gate = causal & (P + c[:, None] > 0)", "gate = causal & (A + c[:, None] > 0)", "lazy_wrong_operand",
+     "A in place of P in gate"),
+    ("07", "dA = do @ v.T", "dA = o @ v.T", "exception", "o is not defined here; `O` is"),
     # ---- blind set N's misses
     ("02o", "acc = acc * alpha + p @ vb", "acc = acc * alpha + p.to(v.dtype) @ vb", "exception", "casts p down"),
     ("02o", 's = s.masked_fill(cols > rows, float("-inf"))', 's = s.masked_fill(cols - (S_k - S_q) > rows, float("-inf"))',

@@ -149,10 +149,30 @@ def _used_before_assigned(r) -> Optional[str]:
     return None
 
 
+def _undefined_name(r) -> Optional[str]:
+    """NameError: the names the failing frame does have that look like it (o for O, d_q for dq)."""
+    m = re.search(r"name '(\w+)' is not defined", str(r.error))
+    found = _learners_line(r.error) if m else None
+    if not found:
+        return None
+    import difflib
+
+    name, f = m.group(1), found[0]
+    known = list(f.f_locals) + [n for n in f.f_globals if not n.startswith("_")]
+    fold = lambda n: n.lower().replace("_", "")  # noqa: E731
+    alike = [n for n in known if n != name and fold(n) == fold(name)] or \
+        difflib.get_close_matches(name, known, n=2, cutoff=0.75)
+    if not alike:
+        return (f"{name} is not a name this code has: it was never assigned here, or is a parameter of "
+                f"another function. Use the name the value has where this line runs.")
+    return (f"{name} is not defined here; {' or '.join(f'`{n}`' for n in alike)} is: Python's names are "
+            f"case-sensitive and exact (o is not O, d_q is not dq). Use the name the value was given.")
+
+
 def _specific_idea(r, sources: list = ()):
     """An idea from the error's own numbers and line, where they pin the mistake."""
     message, line, c = str(r.error), r.error_where or "", r.case
-    plumbing = _autograd_idea(r, list(sources)) or _used_before_assigned(r)
+    plumbing = _autograd_idea(r, list(sources)) or _used_before_assigned(r) or _undefined_name(r)
     if plumbing:
         return plumbing
     saves = [line.strip() for src in sources for line in src.splitlines() if "save_for_backward(" in line

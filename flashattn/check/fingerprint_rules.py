@@ -590,3 +590,21 @@ def _scaled_statistic(ctx):
     if label is None or len(hits[label]) != len(ctx.failing) or len(ctx.failing) < 2:
         return None
     return f"yours: {label[6:]}, exactly, in {len(ctx.failing)} of {len(ctx.failing)} failing cases; {ctx.tensor_pattern()}"
+
+
+@rule("lazy_wrong_operand", "one tensor of the lazy backward is used in another's place",
+      "Each step of the lazy backward has fixed operands: dV = A^T dO (A, the ReLU's output), dA = dO V^T, "
+      "gate = causal & (P + c > 0), dP = dA * gate, delta = rowsum(P * dP), dS = P * (dP - delta), "
+      "dQ = dS K * scale, dK = dS^T Q * scale, dBias from dS's diagonals, dTau from dP's row sums. "
+      "Your outputs equal the chain with one of them replaced (named in the evidence): compare that "
+      "line with its formula.", kinds=("lazy",))
+def _lazy_wrong_operand(ctx):
+    common = None
+    for r in ctx.failing:
+        labels = {f for f in r.fingerprints if f.startswith("lazy_subst:")}
+        common = labels if common is None else common & labels
+    if not common:
+        return None
+    label = min(sorted(common), key=len)
+    return (f"yours: the formula with {label.split(':', 1)[1]}, exactly, in all {len(ctx.failing)} failing "
+            f"cases; {ctx.tensor_pattern()}")

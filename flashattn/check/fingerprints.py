@@ -606,7 +606,7 @@ def matching(variants: dict, tensors: dict, tol: float, expected: Optional[dict]
             continue            # a swap makes both outputs wrong; one output equal to another is not one
         if all(n in outs and _matches(tensors[n].actual, outs[n], tol) for n in wrong):
             found.add(name.split(":")[0])
-            if name.startswith(("operand:", "scale_value:", "edge:")):      # which product, which value: the rule names it
+            if name.startswith(("operand:", "scale_value:", "edge:", "lazy_subst:")):      # which product, which value: the rule names it
                 found.add(name)
     return found
 

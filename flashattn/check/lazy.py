@@ -83,6 +83,7 @@ def lazy_backward(fn, *, seed: int = 0, raise_on_fail: bool = True, show: bool =
 
     def variants(case, x):
         v = lazy_variants(x.formulas, x.q[0], x.k[0], x.v[0], x.bias, x.tau, x.do[0], x.scale)
+        v.update(lazy_substitutions(x.formulas, x.q[0], x.k[0], x.v[0], x.bias, x.tau, x.do[0], x.scale))
         return {n: {t: (val[None] if t in ("dQ", "dK", "dV") else val) for t, val in outs.items()}
                 for n, outs in v.items()}
 
@@ -179,3 +180,58 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_dbias_last_zero": {"dBias": torch.cat([diagonal_sums(dS, W)[..., :-1],
                                                      torch.zeros_like(diagonal_sums(dS, W)[..., -1:])], -1)},
     }
+
+
+#: the lazy backward's chain: slot -> (what it holds, the formula it sits in)
+_LAZY_SLOTS = {
+    "dV.A": ("A", "dV = A^T dO"), "dV.dO": ("dO", "dV = A^T dO"),
+    "dA.dO": ("dO", "dA = dO V^T"), "dA.V": ("V", "dA = dO V^T"),
+    "gate.P": ("P", "gate = causal & (P + c > 0)"), "dP.dA": ("dA", "dP = dA * gate"),
+    "delta.P": ("P", "delta = rowsum(P * dP)"), "delta.dP": ("dP", "delta = rowsum(P * dP)"),
+    "dS.P": ("P", "dS = P * (dP - delta)"), "dS.dP": ("dP", "dS = P * (dP - delta)"),
+    "dQ.dS": ("dS", "dQ = dS K * scale"), "dQ.K": ("K", "dQ = dS K * scale"),
+    "dK.dS": ("dS", "dK = dS^T Q * scale"), "dK.Q": ("Q", "dK = dS^T Q * scale"),
+    "dBias.dS": ("dS", "dBias[d] = the sum of dS's d-th diagonal"),
+    "dTau.dP": ("dP", "dTau = sum over i of rowsum(dP)_i / (i + 1)"),
+}
+
+
+def lazy_substitutions(f: dict, q, k, v, bias, tau, do, scale) -> dict:
+    """The lazy backward with any ONE slot of its chain (the A in dV = A^T dO, the Q in dK = dS^T Q,
+    the dS whose diagonals make dBias, ...) refilled with another tensor of the same shape, each
+    later step computed from it: ``"lazy_subst:<label>"`` -> the outputs that change. The classic
+    ones are fingerprints of their own (:func:`lazy_variants`); this names the rest of the class."""
+    from ..lazy.reference import diagonal_sums
+
+    L, W = q.shape[-2], bias.shape[-1] - 1
+    i = torch.arange(L)
+    inv = 1.0 / (i + 1).double()
+    causal = i[None, :] <= i[:, None]
+    c = tau.double()[:, None] * inv                                   # [H, L]: tau / (i + 1)
+    fixed = {"Q": q, "K": k, "V": v, "dO": do, "O": f["O"], "P": f["P"], "A": f["A"],
+             "dA": f["dA"], "dP": f["dP"], "dS": f["dS"]}       # recomputed below from the swap on
+    shapes = {"Q": "row", "K": "row", "V": "row", "dO": "row", "O": "row",
+              "P": "square", "A": "square", "dA": "square", "dP": "square", "dS": "square"}
+    reaches = {"dV": ("dV",), "dA": ("dQ", "dK", "dBias", "dTau"), "gate": ("dQ", "dK", "dBias", "dTau"),
+               "dP": ("dQ", "dK", "dBias", "dTau"), "delta": ("dQ", "dK", "dBias"), "dS": ("dQ", "dK", "dBias"),
+               "dQ": ("dQ",), "dK": ("dK",), "dBias": ("dBias",), "dTau": ("dTau",)}
+
+    def chain(slot, other):
+        cur = dict(fixed)
+        get = lambda s: cur[other if s == slot else _LAZY_SLOTS[s][0]]  # noqa: E731
+        out = {"dV": get("dV.A").transpose(-1, -2) @ get("dV.dO")}
+        cur["dA"] = get("dA.dO") @ get("dA.V").transpose(-1, -2)
+        gate = causal & (get("gate.P") + c[..., None] > 0)
+        cur["dP"] = get("dP.dA") * gate
+        delta = (get("delta.P") * get("delta.dP")).sum(-1, keepdim=True)
+        cur["dS"] = get("dS.P") * (get("dS.dP") - delta)
+        out.update(dQ=get("dQ.dS") @ get("dQ.K") * scale, dK=get("dK.dS").transpose(-1, -2) @ get("dK.Q") * scale,
+                   dBias=diagonal_sums(get("dBias.dS"), W), dTau=(get("dTau.dP").sum(-1) * inv).sum(-1))
+        return {n: out[n] for n in reaches[slot.split(".")[0]]}
+
+    found = {}
+    for slot, (held, formula) in _LAZY_SLOTS.items():
+        for other, kind in shapes.items():
+            if other != held and kind == shapes[held]:
+                found[f"lazy_subst:{other} in place of {held} in {formula}"] = chain(slot, other)
+    return found
