@@ -307,6 +307,17 @@ EDITS = [
     ("07", "gate = causal & (P + c[:, None] > 0)", "gate = causal & (A + c[:, None] > 0)", "lazy_wrong_operand",
      "A in place of P in gate"),
     ("07", "dA = do @ v.T", "dA = o @ v.T", "exception", "o is not defined here; `O` is"),
+    # ---- the online softmax's running sums, maximum and scale (fingerprints.py's _online)
+    ("02o", "acc = acc * alpha + p @ vb", "acc = acc + p @ vb", "online_acc_not_rescaled", "acc is not rescaled"),
+    ("02o", "l = l * alpha + p.sum(dim=-1, keepdim=True)", "l = l + p.sum(dim=-1, keepdim=True)",
+     "online_l_not_rescaled", "l is not rescaled"),
+    ("02o", "m = m_new", "m = s.amax(dim=-1, keepdim=True)", "online_m_block", "not kept as the running maximum"),
+    ("02o", "l = l * alpha + p.sum(dim=-1, keepdim=True)", "l = l * alpha + torch.exp(s).sum(dim=-1, keepdim=True)",
+     "online_l_unshifted", "l adds exp(s)"),
+    ("02o", "s = (q.float() @ kb.transpose(-1, -2)) * scale", "s = (q.float() @ kb.transpose(-1, -2)) * scale ** 0.5",
+     "scale_value", "The scale used is sqrt(scale)"),
+    ("02o", "alpha = torch.exp(m - m_new)", "alpha = torch.exp(m_new - m)", "alpha", "is exp(m_new - m_old)"),
+    ("02o", "p = torch.exp(s - m_new)", "p = torch.exp(s - m)", "alpha", "uses the old one"),
     # ---- blind set N's misses
     ("02o", "acc = acc * alpha + p @ vb", "acc = acc * alpha + p.to(v.dtype) @ vb", "exception", "casts p down"),
     ("02o", 's = s.masked_fill(cols > rows, float("-inf"))', 's = s.masked_fill(cols - (S_k - S_q) > rows, float("-inf"))',

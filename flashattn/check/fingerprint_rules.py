@@ -351,7 +351,7 @@ _fp("p_max_not_lse", "P is exp(S - rowmax): the row's maximum where the LSE belo
 @rule("scale_value", "the scale used is not the one given",
       "Use the `scale` argument everywhere (the scores and the factor in dQ and dK); when it has to "
       "be defaulted, the default is 1/sqrt(D), not 1/D. The evidence's computation used another value.",
-      kinds=("backward", "dq", "dkdv", "autograd"))
+      kinds=("backward", "dq", "dkdv", "autograd", "online_softmax"))
 def _scale_value(ctx):
     evidence = _fingerprint_test("scale_value")(ctx)
     if evidence is None:
@@ -399,6 +399,23 @@ _fp("online_bottom_right", "the causal mask is aligned bottom-right: j <= i + S_
     "(FlashAttention aligns it bottom-right when S_q != S_k, so that the last query sees every key). "
     "The two agree when S_q == S_k; with S_q > S_k the bottom-right mask leaves the first rows with "
     "no key at all (0/0 = NaN). Mask with cols > rows, no offset.", kinds=("online_softmax",))
+_fp("online_acc_not_rescaled", "acc is not rescaled by alpha: acc = acc + p V",
+    "When the running maximum grows, everything summed so far was taken against the old maximum: "
+    "both running sums, l and acc, must be multiplied by alpha = exp(m_old - m_new) before the new "
+    "block is added (acc = acc * alpha + p V). Yours rescales l (the LSE is right) but not acc.",
+    kinds=("online_softmax",))
+_fp("online_l_not_rescaled", "l is not rescaled by alpha: l = l + rowsum(p)",
+    "When the running maximum grows, everything summed so far was taken against the old maximum: "
+    "both running sums, l and acc, must be multiplied by alpha = exp(m_old - m_new) before the new "
+    "block is added (l = l * alpha + rowsum(p)). Yours rescales acc but not l.", kinds=("online_softmax",))
+_fp("online_m_block", "m is set to the block's maximum, not kept as the running maximum",
+    "m must be the maximum over *every* key seen so far: m = m_new = max(m, rowmax(s)). Set to this "
+    "block's own maximum, it can fall, alpha = exp(m - m_new) then grows past 1, and a block with "
+    "every key hidden gives m = -inf and NaN.", kinds=("online_softmax",))
+_fp("online_l_unshifted", "l adds exp(s), not p = exp(s - m_new)",
+    "l and acc must be sums of the same p = exp(s - m_new): l = l * alpha + rowsum(p). Adding "
+    "rowsum(exp(s)) mixes unshifted exponentials (which may overflow) with sums taken against the "
+    "running maximum, so O = acc / l and the LSE are off.", kinds=("online_softmax",))
 _fp("online_block_softmax", "each block is normalised by its own softmax",
     "p = exp(s - m_new), unnormalised: the division happens once, at the end, by l -- the sum over "
     "*every* block, each rescaled by alpha. A softmax per block divides each block by its own sum, "

@@ -462,6 +462,14 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_p_times_alpha": _online(case, x, case.scale_value, torch.exp, slip="p_times_alpha"),
             "online_overlapping_blocks": _online(case, x, case.scale_value, torch.exp, slip="overlap"),
             "online_bottom_right": _online(case, x, case.scale_value, torch.exp, slip="bottom_right"),
+            "online_acc_not_rescaled": _online(case, x, case.scale_value, torch.exp, slip="acc_no_alpha"),
+            "online_l_not_rescaled": _online(case, x, case.scale_value, torch.exp, slip="l_no_alpha"),
+            "online_m_block": _online(case, x, case.scale_value, torch.exp, slip="m_block"),
+            "online_l_unshifted": _online(case, x, case.scale_value, torch.exp, slip="l_unshifted"),
+            **{f"scale_value:{label}": _online(case, x, value, torch.exp)
+               for label, value in (("1/D", 1.0 / case.D), ("sqrt(scale)", case.scale_value ** 0.5),
+                                    ("scale ** 2", case.scale_value ** 2), ("sqrt(D)", case.D ** 0.5))
+               if abs(value - case.scale_value) > 1e-9},
             # the scale only in p's exponent: the maximum, alpha and the LSE see unscaled scores
             "online_scale_in_p": _online(case, x, 1.0, lambda t: torch.exp(t * case.scale_value))}
 
@@ -499,10 +507,15 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
             l = l + alpha * p.sum(-1, keepdim=True)
             acc = acc + alpha * (p @ v[..., n0:end, :])
         else:
-            l = l * alpha + p.sum(-1, keepdim=True)
+            # l_unshifted: the block's sum of exp(s), not exp(s - m_new); *_no_alpha: one sum not rescaled
+            added = torch.exp(s).sum(-1, keepdim=True) if slip == "l_unshifted" else p.sum(-1, keepdim=True)
+            l = (l if slip == "l_no_alpha" else l * alpha) + added
             # normalise_in_loop: each block's p V divided by the running l too (and again at the end)
-            acc = acc * alpha + p @ v[..., n0:end, :] / (l if slip == "normalise_in_loop" else 1.0)
-        if slip != "max_not_kept":
+            acc = (acc if slip == "acc_no_alpha" else acc * alpha) + \
+                p @ v[..., n0:end, :] / (l if slip == "normalise_in_loop" else 1.0)
+        if slip == "m_block":               # m = this block's maximum: the running maximum forgotten
+            m = s.amax(-1, keepdim=True)
+        elif slip != "max_not_kept":
             m = m_new
     # O returned as the running sum acc, never divided by the normaliser l
     o = (acc if slip == "not_normalized" else acc / l).to(x.q.dtype).to(torch.float64)   # returned in q.dtype
