@@ -89,16 +89,24 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "lazy_dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
 }
 
-#: The fast kernels' first choice by head-dim class (padded D of 64, 128, 256): the best
-#: geometric mean over the benchmark grid (S = 1k, 4k, 16k; causal or not; fp16; D=160 and 256
-#: at S=4k) in an H100 sweep of every candidate (2026-11-23). The others follow in the order
-#: above. At D=256 the backward keeps dK, dV (or dQ) of 256 columns in registers: one
-#: pipeline stage, or few rows, or it spills.
+#: The fast kernels' first choice by head-dim class (padded D of 64, 128, 256; 192 for the
+#: backward's split head dim): the best geometric mean over the benchmark grid (S = 1k, 4k, 16k;
+#: causal or not; fp16; D=160 and 256 at S=4k) in an H100 sweep of every candidate (2026-11-23;
+#: D=160 was then padded to 256). The others follow in the order above. At D=256 the backward
+#: keeps dK, dV (or dQ) of 256 columns in registers: one pipeline stage, or few rows, or it spills.
 PREFERRED: dict[tuple[str, int], KernelConfig] = {
     ("fast_fwd", 64): _c(128, 64, 8, 3), ("fast_fwd", 128): _c(128, 128, 8, 3),
     ("fast_dq", 64): _c(64, 64, 4, 3), ("fast_dq", 128): _c(128, 64, 8, 3), ("fast_dq", 256): _c(128, 64, 8, 1),
     ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2), ("fast_dkdv", 256): _c(32, 32, 4, 2),
+    # the split head dim (SPLIT_D_CLASS): a guess, not yet timed on a GPU -- large tiles that fit
+    # an H100 at 128 + 64 columns and spill little compiled for sm_90 (triton 3.6, ptxas -v: dQ
+    # 128 x 64 / 8 warps none; dK/dV 64 x 128 / 8 warps 0.9-1.4 KB, D=128's 64 x 64 / 4: 0.8 KB)
+    ("fast_dq", 192): _c(128, 64, 8, 2), ("fast_dkdv", 192): _c(64, 128, 8, 2),
 }
+
+#: ``PREFERRED``'s class for the backward's split head dim (128 < D <= 192: a 128-column tile and
+#: a tail, 144-192 columns; ``fast.tuning.head_dim_tail``); padded head dims are 64, 128 or 256.
+SPLIT_D_CLASS = 192
 
 #: The fast kernels with fp32 inputs (three TF32 products per product, fp32 tiles of twice the
 #: bytes): an H100 sweep of each kernel (2026-11-23; B=4, H=16, S=4096; D=128 causal, D=64 not)
@@ -135,7 +143,8 @@ LAYOUT = {"fwd": "fwd", "dq": "dq", "dkdv": "dkdv", "delta": "delta",
 
 
 def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_bytes: int) -> int:
-    """Bytes of shared memory a launch of ``kernel`` (a key of ``LAYOUT``) needs.
+    """Bytes of shared memory a launch of ``kernel`` (a key of ``LAYOUT``) needs, its tiles
+    ``block_d`` columns wide (the padded head dim, or 128 + tail where the backward splits it).
 
     Calibrated on compiled kernels (``CompiledKernel.metadata.shared``, triton 3.6, H100): tiles
     streamed through the loop are buffered ``num_stages`` deep, tiles held for the whole program
@@ -203,15 +212,25 @@ def _shared_memory_of(index: int) -> int:
         return int(torch.cuda.get_device_properties(index).shared_memory_per_block_optin)
 
 
+def head_dim_class(head_dim: int, tail: int = 0) -> tuple[int, int]:
+    """(columns a tile really holds, class of ``PREFERRED``): the padded head dim and 64, 128 or
+    256; for the backward's split head dim (``tail`` > 0, ``fast.tuning.head_dim_tail``) the
+    128 + tail columns of its two tiles and the class ``SPLIT_D_CLASS``."""
+    if tail:
+        return 128 + tail, SPLIT_D_CLASS
+    block_d = runtime.head_dim_block(head_dim)
+    return block_d, min(max(block_d, 64), 256)
+
+
 @functools.lru_cache(maxsize=None)
 def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int,
-            feature: Optional[str] = None) -> tuple[KernelConfig, ...]:
+            feature: Optional[str] = None, tail: int = 0) -> tuple[KernelConfig, ...]:
     """The candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
     best first (the smallest candidate if none fits: let the compiler have the last word).
-    ``feature``: "dropout", "varlen" or "window" for lesson 09's variants (``PREFERRED_WITH``)."""
-    block_d = runtime.head_dim_block(head_dim)
+    ``feature``: "dropout", "varlen" or "window" for lesson 09's variants (``PREFERRED_WITH``).
+    ``tail``: the backward's split head dim (``BLOCK_D_TAIL``; 0: padded to a power of two)."""
+    block_d, d_class = head_dim_class(head_dim, tail)
     base = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
-    d_class = min(max(block_d, 64), 256)
     first = (PREFERRED_FP32.get((kernel, d_class)) if elem_bytes == 4 else None) or PREFERRED.get((kernel, d_class))
     cands = [first] + [c for c in base if c != first] if first in base else list(base)
     if (kernel, d_class, feature) in PREFERRED_WITH:
@@ -222,14 +241,15 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int,
 
 
 def candidates(kernel: str, head_dim: int, dtype: torch.dtype, device: torch.device,
-               config: Optional[KernelConfig] = None, feature: Optional[str] = None) -> tuple[KernelConfig, ...]:
+               config: Optional[KernelConfig] = None, feature: Optional[str] = None,
+               tail: int = 0) -> tuple[KernelConfig, ...]:
     """Configs to try, best first: the user's if given, the interpreter's small one on the CPU,
     else those that fit this device's shared memory."""
     if config is not None:
         return (config,)
     if runtime.INTERPRET:
         return (INTERPRETER_FAST_CONFIGS.get(kernel, INTERPRETER_CONFIG),)
-    return fitting(kernel, head_dim, dtype.itemsize, device_shared_memory(device), feature)
+    return fitting(kernel, head_dim, dtype.itemsize, device_shared_memory(device), feature, tail)
 
 
 _chosen: dict = {}

@@ -212,6 +212,35 @@ def test_varlen_never_attends_across_sequences(impl):
     assert torch.equal(a[:19], b[:19]) and not torch.equal(a[19:], b[19:])
 
 
+# --------------------------------------------------------------------------------------
+# the fast backward's split head dim (128 < D <= 192: a 128-column tile and a tail)
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("D, causal, window, p, do_layout", [
+    (184, False, (5, 3), 0.0, "contiguous"), (160, True, None, 0.3, "stride0"), (136, False, (6, 6), 0.5, "contiguous"),
+    (192, True, (12, -1), 0.2, "stride0"),
+], ids=["window D184", "dropout causal D160 dO-stride0", "window dropout D136", "causal window dropout D192"])
+def test_fast_split_head_dim_with_window_and_dropout(D, causal, window, p, do_layout):
+    """The switches touch only the [rows, keys] tiles, so they come along with the split."""
+    from flashattn.fast import tuning
+
+    assert tuning.head_dim_tail(D) > 0
+    dtype = DTYPES[0]
+    q = rand(2, 4, 37 * SCALE_UP, D, dtype=dtype, layout="bshd")
+    k, v = rand(2, 2, 45 * SCALE_UP, D, dtype=dtype), rand(2, 2, 45 * SCALE_UP, D, dtype=dtype, layout="sliced")
+    assert_all_close(run_and_reference(q, k, v, causal=causal, window=window, dropout_p=p, seed=5,
+                                       do_layout=do_layout, impl="fast"), dtype)
+
+
+def test_fast_split_head_dim_varlen():
+    """Packed batches at D=152 (a tail of 32 columns, 24 of them real), GQA, window and dropout."""
+    dtype = DTYPES[0]
+    lens_q, lens_k = [20 * SCALE_UP, 7, 33 * SCALE_UP], [11 * SCALE_UP, 40, 33 * SCALE_UP]
+    q, k, v, cu_q, cu_k = packed(lens_q, lens_k, 4, 2, 152, dtype)
+    pairs = run_and_reference(q, k, v, causal=False, window=(9, 2), dropout_p=0.25, seed=3,
+                              varlen=(cu_q, cu_k, max(lens_q), max(lens_k)), impl="fast")
+    assert_all_close(pairs, dtype)
+
+
 @pytest.mark.parametrize("cu, message", [
     ([0, 10, 5, 20], "must not decrease"), ([2, 10, 20], "must start at 0"), ([0, 10, 19], "must end at the packed length 20"),
 ])

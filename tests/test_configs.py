@@ -22,6 +22,24 @@ def test_configs_fit_shared_memory(kernel, head_dim, limit):
     assert fits == list(chosen) or chosen == (configs.CANDIDATES[kernel][-1],)
 
 
+@pytest.mark.parametrize("limit", [64 * 1024, 99 * 1024, 227 * 1024], ids=lambda b: f"{b // 1024}KB")
+@pytest.mark.parametrize("head_dim", [136, 160, 184, 192])
+@pytest.mark.parametrize("kernel", ["fast_dq", "fast_dkdv"])
+def test_split_head_dim_configs_fit_its_real_width(kernel, head_dim, limit):
+    """The backward's split head dim holds 128 + tail columns, not 256: its configs are judged at
+    that width, and on an H100 its own first choice fits, which the padded 256 columns would not."""
+    tail = tuning.head_dim_tail(head_dim)
+    width = 128 + tail
+    chosen = configs.fitting(kernel, head_dim, 2, limit, tail=tail)
+    fits = [c for c in chosen if configs.shared_memory_estimate(kernel, c, width, 2) <= limit]
+    assert fits == list(chosen) or chosen == (configs.CANDIDATES[kernel][-1],)
+    if limit == 227 * 1024:
+        first = configs.PREFERRED[(kernel, configs.SPLIT_D_CLASS)]
+        assert chosen[0] == first
+        assert configs.shared_memory_estimate(kernel, first, 256, 2) > limit
+    assert configs.fitting(kernel, head_dim, 2, limit) == configs.fitting(kernel, 256, 2, limit)   # unsplit: padded
+
+
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv", "fast_fwd", "fast_dq", "fast_dkdv"])
 def test_64KB_gets_a_config_that_fits_up_to_D128(kernel):
     for head_dim in (64, 128):

@@ -21,6 +21,9 @@ SHAPES = [  # (B, H, H_kv, S_q, S_k, D)
     (1, 2, 1, 33, 33, 128),
     (1, 2, 1, 29, 40, 24),       # head dims that are not powers of two: padded, masked
     (1, 2, 2, 40, 29, 80),
+    (1, 2, 1, 45, 70, 160),      # the backward's split head dim: 128 columns + a tail of 32
+    (1, 2, 2, 70, 45, 136),      # a tail of 16 columns, 8 of them past D (masked)
+    (1, 4, 2, 40, 40, 184),      # a tail of 64 columns, 56 of them real
 ]
 if ON_GPU:
     SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 777, 1500, 128), (1, 2, 2, 300, 300, 256),
@@ -53,11 +56,13 @@ def test_fast_matches_reference(shape, causal, backward):
         assert_close_per_head(name, got[name], ref[name], TOL[dtype])
 
 
+@pytest.mark.parametrize("D", [64, 136], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)
 @pytest.mark.parametrize("do_layout", ["stride0", "padded_heads"])
-def test_fast_strides_and_dtypes(dtype, do_layout):
-    """(fp32 on a GPU: tf32x3 products, fp32's accuracy, while torch's TF32 switch is off.)"""
-    B, H, S, D = 2, 4, 48, 64
+def test_fast_strides_and_dtypes(dtype, do_layout, D):
+    """(fp32 on a GPU: tf32x3 products, fp32's accuracy, while torch's TF32 switch is off.
+    D=136: the backward's split head dim, its tail masked; K's last stride is 2.)"""
+    B, H, S = 2, 4, 48
     q, k, v = rand(B, H, S, D, dtype=dtype, layout="bshd"), rand(B, 2, S, D, dtype=dtype, layout="sliced"), \
         rand(B, 2, S, D, dtype=dtype, layout="padded_heads")
     if do_layout == "stride0":
@@ -69,6 +74,55 @@ def test_fast_strides_and_dtypes(dtype, do_layout):
     for name in ("O", "dQ", "dK", "dV"):
         assert got[name].dtype == dtype
         assert_close_per_head(name, got[name], ref[name], TOL[dtype])
+
+
+def test_split_head_dim_only_where_it_saves_columns(monkeypatch):
+    """128 < D <= 192: a 128-column tile and a tail of the next power of two (>= 16), so 144 to 192
+    columns of work instead of 256; nothing to save elsewhere; FLASHATTN_SPLIT_D=0: off."""
+    from flashattn.fast import tuning
+
+    assert [tuning.head_dim_tail(D) for D in (136, 144, 152, 160, 168, 184, 192)] == [16, 16, 32, 32, 64, 64, 64]
+    assert [tuning.head_dim_tail(D) for D in (8, 64, 120, 128, 200, 256)] == [0] * 6
+    monkeypatch.setenv(tuning.SPLIT_D_ENV, "0")
+    assert tuning.head_dim_tail(160) == 0
+
+
+@pytest.mark.parametrize("D, switch, tail", [(160, None, 32), (184, None, 64), (136, None, 16), (128, None, 0),
+                                             (256, None, 0), (160, "0", 0)])
+def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail):
+    """What the launcher hands the kernels: the two kernels split (main tile BLOCK_D = 128,
+    unmasked), the fused one never does."""
+    from flashattn.fast import backward, tuning
+
+    launched = {}
+    monkeypatch.setattr(tuning, "run", lambda name, raw, tuned, grid, args, meta, **kw: launched.update({name: meta}))
+    if switch is not None:
+        monkeypatch.setenv(tuning.SPLIT_D_ENV, switch)
+    q, k, v, o, do = (rand(1, 2, 8, D, dtype=FAST_DTYPES[0]) for _ in range(5))
+    lse = torch.randn(1, 2, 8, device=q.device)
+    for fused in (False, True):
+        backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, fused=fused)
+    assert launched["dq"]["BLOCK_D_TAIL"] == launched["dkdv"]["BLOCK_D_TAIL"] == tail
+    assert launched["fused"]["BLOCK_D_TAIL"] == 0 and launched["fused"]["BLOCK_D"] >= D
+    if tail:
+        assert all(launched[n]["BLOCK_D"] == 128 and not launched[n]["PAD_D"] for n in ("dq", "dkdv"))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_split_and_padded_backward_agree(monkeypatch, causal):
+    """The split (D=152: 128 + a tail of 32, 8 columns masked) against the padded kernels
+    (FLASHATTN_SPLIT_D=0), GQA, S_q != S_k: the same sums in another order."""
+    from flashattn.fast import fast_attention_backward, fast_attention_forward
+
+    dtype = FAST_DTYPES[0]
+    q, do = rand(1, 4, 50, 152, dtype=dtype, layout="bshd"), rand(1, 4, 50, 152, dtype=dtype)
+    k, v = rand(1, 2, 61, 152, dtype=dtype), rand(1, 2, 61, 152, dtype=dtype, layout="sliced")
+    o, lse = fast_attention_forward(q, k, v, causal, 152 ** -0.5)
+    split = fast_attention_backward(q, k, v, o, do, lse, causal, 152 ** -0.5)
+    monkeypatch.setenv("FLASHATTN_SPLIT_D", "0")
+    padded = fast_attention_backward(q, k, v, o, do, lse, causal, 152 ** -0.5)
+    for name, a, b in zip(("dQ", "dK", "dV"), split, padded):
+        assert_close_per_head(name, a, b, TOL[dtype])
 
 
 def test_fast_refuses_what_it_cannot_do():

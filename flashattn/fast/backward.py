@@ -15,6 +15,12 @@ computed once instead of twice, at the price of BLOCK_M x D atomic adds per tile
 of additions that changes from run to run (dQ is not bit-reproducible). Measured on an H100
 (``python -m flashattn.bench``), two kernels win or tie everywhere, so the fused form is there
 to compare with (``backward="fused"``), refused under ``torch.use_deterministic_algorithms``.
+
+**Split head dim** (``BLOCK_D_TAIL``, the two kernels only): a head dim of 128 < D <= 192 is not
+padded to 256 columns but held as two tiles, a main one of ``BLOCK_D`` = 128 columns (no mask)
+and a tail of ``BLOCK_D_TAIL`` = next_power_of_2(D - 128) columns (32 for D=160, 64 for D=192,
+masked past D where D - 128 is not a power of two): 160 or 192 columns of work, not 256.
+``BLOCK_D_TAIL = 0`` compiles the kernels as before (``FLASHATTN_SPLIT_D=0`` forces that).
 """
 from __future__ import annotations
 
@@ -34,16 +40,29 @@ from .tuning import LOG2E
 # dQ: one program per block of query rows
 # --------------------------------------------------------------------------------------
 @triton.jit
-def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-              offs_m, offs_d, d_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+def _dq_tiles(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+              offs_m, offs_d, d_ok, offs_t, t_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold,
+              keep_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DROPOUT: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              BLOCK_D_TAIL: tl.constexpr, PAD_T: tl.constexpr):
+    """dQ += dS K over key blocks [lo, hi). Split head dim (BLOCK_D_TAIL > 0): the tail columns
+    ride along as *_t tiles. A product over the head dim is a sum over its columns, so
+    S = Q K^T = Q_main K_main^T + Q_tail K_tail^T (the second dot accumulates onto the first),
+    dP = dO V^T likewise; dQ = dS K is [dS K_main | dS K_tail], one dot per part (dq, dq_t)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = offs_n < S_k
         k = load_tile(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d, keys, d_ok, MASKED, PAD_D)
         v = load_tile(v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d, keys, d_ok, MASKED, PAD_D)
-        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale - lse2[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if BLOCK_D_TAIL > 0:
+            k_t = load_tile(k_base + offs_n[:, None] * stride_k_s + offs_t[None, :] * stride_k_d, keys, t_ok, MASKED,
+                            PAD_T)
+            v_t = load_tile(v_base + offs_n[:, None] * stride_v_s + offs_t[None, :] * stride_v_d, keys, t_ok, MASKED,
+                            PAD_T)
+            s = tl.dot(q_t, tl.trans(k_t), acc=s, input_precision=DOT_PRECISION)
+        p = tl.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             visible = keys[None, :]
             if CAUSAL:
@@ -52,12 +71,16 @@ def _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, st
                 visible = visible & (offs_n[None, :] >= offs_m[:, None] - LEFT) & (offs_n[None, :] <= offs_m[:, None] + RIGHT)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        if BLOCK_D_TAIL > 0:
+            dp = tl.dot(do_t, tl.trans(v_t), acc=dp, input_precision=DOT_PRECISION)
         if DROPOUT:   # O used P * Z / (1 - p): dP = (dO V^T) * Z / (1 - p), Z regenerated
             keep = dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp * keep_scale, 0.0)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
-    return dq
+        ds = (p * (dp - delta[:, None])).to(k.dtype)
+        dq += tl.dot(ds, k, input_precision=DOT_PRECISION)
+        if BLOCK_D_TAIL > 0:
+            dq_t += tl.dot(ds, k_t, input_precision=DOT_PRECISION)
+    return dq, dq_t
 
 
 @triton.jit(do_not_specialize=["S_q", "S_k", "S_BUCKET", "LEFT", "RIGHT", "threshold", "seed"])
@@ -73,6 +96,7 @@ def fast_dq_kernel(
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAD_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
+    BLOCK_D_TAIL: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -110,14 +134,26 @@ def fast_dq_kernel(
     keep_scale = 1.0 / (1.0 - dropout_p)
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    PAD_T: tl.constexpr = BLOCK_D + BLOCK_D_TAIL != HEAD_DIM
+    if BLOCK_D_TAIL > 0:   # split head dim: columns BLOCK_D .. HEAD_DIM - 1 are a tile of their own
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        t_ok = offs_t < HEAD_DIM
+        q_t = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_t[None, :] * stride_q_d, row_ok, t_ok, True, PAD_T)
+        do_t = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_t[None, :] * stride_do_d, row_ok, t_ok, True,
+                         PAD_T)
+        dq_t = tl.zeros([BLOCK_M, BLOCK_D_TAIL], dtype=tl.float32)
+    else:                  # no tail: stand-ins that _dq_tiles never reads
+        offs_t, t_ok, q_t, do_t, dq_t = offs_d, d_ok, q, do, dq
     if WINDOW:   # the forward's three ranges: masked left edge, whole tiles, masked right edge
         lo, free_lo, free_hi, hi = window_tiles(start_m, S_q, S_k, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                       offs_m, offs_d, d_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
-                       keep_scale, True, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                       offs_m, offs_d, d_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
-                       keep_scale, False, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
+        dq, dq_t = _dq_tiles(
+            dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            offs_m, offs_d, d_ok, offs_t, t_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+            keep_scale, True, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL, PAD_T)
+        dq, dq_t = _dq_tiles(
+            dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            offs_m, offs_d, d_ok, offs_t, t_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+            keep_scale, False, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL, PAD_T)
         unmasked_end = free_hi
         masked_end = hi
     else:
@@ -131,29 +167,38 @@ def fast_dq_kernel(
             free_end = tl.where(start_m < S_q, free_end, 0)
             masked_end = tl.where(start_m < S_q, masked_end, 0)
         unmasked_end = (free_end // BLOCK_N) * BLOCK_N
-        dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                       offs_m, offs_d, d_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
-                       keep_scale, False, CAUSAL, False, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
-    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                   offs_m, offs_d, d_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
-                   threshold, keep_scale, True, CAUSAL, WINDOW, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
+        dq, dq_t = _dq_tiles(
+            dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+            offs_m, offs_d, d_ok, offs_t, t_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+            keep_scale, False, CAUSAL, False, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL, PAD_T)
+    dq, dq_t = _dq_tiles(
+        dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
+        offs_m, offs_d, d_ok, offs_t, t_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
+        threshold, keep_scale, True, CAUSAL, WINDOW, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL,
+        PAD_T)
 
     store_tile(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
                row_ok, d_ok, PAD_D)
+    if BLOCK_D_TAIL > 0:
+        store_tile(dq_base + offs_m[:, None] * stride_dq_s + offs_t[None, :], (dq_t * scale).to(DQ.dtype.element_ty),
+                   row_ok, t_ok, PAD_T)
 
 
 # --------------------------------------------------------------------------------------
 # dK, dV: one program per block of key/value rows (a K/V head: all its GQA query heads)
 # --------------------------------------------------------------------------------------
 @triton.jit
-def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                offs_n, offs_d, d_ok, lo, hi, S_q, qk_scale, scale,
+                offs_n, offs_d, d_ok, offs_t, t_ok, lo, hi, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                 PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                TMA_STATS: tl.constexpr):
+                TMA_STATS: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, PAD_T: tl.constexpr):
+    """dK += dS^T Q, dV += P^T dO over query blocks [lo, hi). Split head dim (BLOCK_D_TAIL > 0,
+    never with TMA or FUSED_DQ): the tail columns ride along as *_t tiles; S^T = K Q^T and
+    dP^T = V dO^T sum a main and a tail dot, dK and dV get one dot per part (dk, dk_t; dv, dv_t)."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
@@ -163,13 +208,21 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
         else:
             q = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok, True, PAD_D)
             do = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok, True, PAD_D)
+        if BLOCK_D_TAIL > 0:
+            q_t = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_t[None, :] * stride_q_d, row_ok, t_ok, True,
+                            PAD_T)
+            do_t = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_t[None, :] * stride_do_d, row_ok, t_ok,
+                             True, PAD_T)
         if TMA_STATS:   # descriptors too; padded rows arrive as 0, and with q = dO = 0 there P = 1
             lse2 = lse_base.load([start_m]) * LOG2E      # meets only zeros: dV, dS^T add nothing
             delta = delta_base.load([start_m])
         else:           # padded rows: LSE = +inf makes their P exactly 0, no mask needed
             lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
             delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-        pT = tl.exp2(tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale - lse2[None, :])
+        sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        if BLOCK_D_TAIL > 0:
+            sT = tl.dot(k_t, tl.trans(q_t), acc=sT, input_precision=DOT_PRECISION)
+        pT = tl.exp2(sT * qk_scale - lse2[None, :])
         if MASKED:
             if WINDOW:   # key j is seen by rows j - RIGHT ... j + LEFT
                 pT = tl.where((offs_m[None, :] >= offs_n[:, None] - RIGHT) & (offs_m[None, :] <= offs_n[:, None] + LEFT),
@@ -178,19 +231,25 @@ def _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
                 pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
         if DROPOUT:   # the forward's Z, transposed; dV's 1 / (1 - p) is applied once, at the end
             keepT = tl.trans(dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N))
-            dv += tl.dot(tl.where(keepT, pT, 0.0).to(do.dtype), do, input_precision=DOT_PRECISION)
+            pzT = tl.where(keepT, pT, 0.0).to(do.dtype)
         else:
-            dv += tl.dot(pT.to(do.dtype), do, input_precision=DOT_PRECISION)
+            pzT = pT.to(do.dtype)
+        dv += tl.dot(pzT, do, input_precision=DOT_PRECISION)
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+        if BLOCK_D_TAIL > 0:
+            dv_t += tl.dot(pzT, do_t, input_precision=DOT_PRECISION)
+            dpT = tl.dot(v_t, tl.trans(do_t), acc=dpT, input_precision=DOT_PRECISION)
         if DROPOUT:
             dpT = tl.where(keepT, dpT * keep_scale, 0.0)
         dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
         dk += tl.dot(dsT, q, input_precision=DOT_PRECISION)
+        if BLOCK_D_TAIL > 0:
+            dk_t += tl.dot(dsT, q_t, input_precision=DOT_PRECISION)
         if FUSED_DQ:   # this tile's share of dQ = dS K * scale, added into the fp32 buffer
             dq_part = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION) * scale
             tl.atomic_add(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], dq_part,
                           mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
-    return dk, dv
+    return dk, dv, dk_t, dv_t
 
 
 @triton.jit(do_not_specialize=["S_q", "S_k", "S_BUCKET", "LEFT", "RIGHT", "threshold", "seed"])
@@ -208,7 +267,7 @@ def fast_dkdv_kernel(
     CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
-    TMA: tl.constexpr = False, TMA_STATS: tl.constexpr = False,
+    TMA: tl.constexpr = False, TMA_STATS: tl.constexpr = False, BLOCK_D_TAIL: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -236,6 +295,16 @@ def fast_dkdv_kernel(
     keep_scale = 1.0 / (1.0 - dropout_p)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    PAD_T: tl.constexpr = BLOCK_D + BLOCK_D_TAIL != HEAD_DIM
+    if BLOCK_D_TAIL > 0:   # split head dim: columns BLOCK_D .. HEAD_DIM - 1 are a tile of their own
+        offs_t = BLOCK_D + tl.arange(0, BLOCK_D_TAIL)
+        t_ok = offs_t < HEAD_DIM
+        k_t = load_tile(k_base + offs_n[:, None] * stride_k_s + offs_t[None, :] * stride_k_d, col_ok, t_ok, True, PAD_T)
+        v_t = load_tile(v_base + offs_n[:, None] * stride_v_s + offs_t[None, :] * stride_v_d, col_ok, t_ok, True, PAD_T)
+        dk_t = tl.zeros([BLOCK_N, BLOCK_D_TAIL], dtype=tl.float32)
+        dv_t = tl.zeros([BLOCK_N, BLOCK_D_TAIL], dtype=tl.float32)
+    else:                  # no tail: stand-ins that _dkdv_tiles never reads
+        offs_t, t_ok, k_t, v_t, dk_t, dv_t = offs_d, d_ok, k, v, dk, dv
     q_end = S_q
     if VARLEN:   # a key block past the end of its (shorter) sequence has nothing to do
         q_end = tl.where(start_n < S_k, S_q, 0)
@@ -263,39 +332,49 @@ def fast_dkdv_kernel(
         seq_head = b * H_KV * GROUP_SIZE + h                 # the forward's program_id(1) for this head
         if WINDOW:   # the query rows that see these keys: masked edges, whole tiles between
             lo, free_lo, free_hi, hi = window_tiles(start_n, S_k, S_q, RIGHT, LEFT, BLOCK_N, BLOCK_M)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                                 offs_n, offs_d, d_ok, lo, free_lo, S_q, qk_scale, scale,
-                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                                 offs_n, offs_d, d_ok, free_lo, free_hi, S_q, qk_scale, scale,
-                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS)
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                                 offs_n, offs_d, d_ok, free_hi, hi, S_q, qk_scale, scale,
-                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS)
+            dk, dv, dk_t, dv_t = _dkdv_tiles(
+                dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+                stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                offs_n, offs_d, d_ok, offs_t, t_ok, lo, free_lo, S_q, qk_scale, scale,
+                start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
+                BLOCK_D_TAIL, PAD_T)
+            dk, dv, dk_t, dv_t = _dkdv_tiles(
+                dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+                stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                offs_n, offs_d, d_ok, offs_t, t_ok, free_lo, free_hi, S_q, qk_scale, scale,
+                start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
+                BLOCK_D_TAIL, PAD_T)
+            dk, dv, dk_t, dv_t = _dkdv_tiles(
+                dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+                stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                offs_n, offs_d, d_ok, offs_t, t_ok, free_hi, hi, S_q, qk_scale, scale,
+                start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
+                BLOCK_D_TAIL, PAD_T)
         else:
             if CAUSAL:
                 # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
                 # every later row sees the whole key block.
                 diag_end = tl.minimum(start_n + BLOCK_N, q_end)
-                dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                     stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                                     offs_n, offs_d, d_ok, start_n, diag_end, S_q, qk_scale, scale,
-                                     start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS)
+                dk, dv, dk_t, dv_t = _dkdv_tiles(
+                    dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+                    stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                    offs_n, offs_d, d_ok, offs_t, t_ok, start_n, diag_end, S_q, qk_scale, scale,
+                    start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                    True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS,
+                    BLOCK_D_TAIL, PAD_T)
                 first_free = start_n + BLOCK_N
             else:
                 first_free = 0
-            dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
-                                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
-                                 offs_n, offs_d, d_ok, first_free, q_end, S_q, qk_scale, scale,
-                                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
-                                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS)
+            dk, dv, dk_t, dv_t = _dkdv_tiles(
+                dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
+                stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
+                offs_n, offs_d, d_ok, offs_t, t_ok, first_free, q_end, S_q, qk_scale, scale,
+                start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
+                False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS,
+                BLOCK_D_TAIL, PAD_T)
 
     if DROPOUT:
         dv = dv * keep_scale
@@ -303,6 +382,13 @@ def fast_dkdv_kernel(
                col_ok, d_ok, PAD_D)
     store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
                col_ok, d_ok, PAD_D)
+    if BLOCK_D_TAIL > 0:
+        if DROPOUT:
+            dv_t = dv_t * keep_scale
+        store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_t[None, :], (dk_t * scale).to(DK.dtype.element_ty),
+                   col_ok, t_ok, PAD_T)
+        store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_t[None, :], dv_t.to(DV.dtype.element_ty),
+                   col_ok, t_ok, PAD_T)
 
 
 _tuned_dq = tuning.autotuned(fast_dq_kernel, "dq")
@@ -317,7 +403,8 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     """(dq, dk, dv) by the tuned backward; None for what was not asked for. Two kernels by
     default; ``fused=True``: one dK/dV kernel that also adds dQ with atomics (see the module's
     docstring). ``warmup=True`` only compiles the kernels (see ``fast.precompile``).
-    fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too).
+    fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too); the two
+    kernels split a head dim of 128 < D <= 192 into 128 + tail columns (``tuning.head_dim_tail``).
     ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's."""
     H, D = q.shape[1], q.shape[3]
     H_kv = k.shape[1]
@@ -341,12 +428,16 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     if tma and not warmup:
         tuning.ensure_allocator()     # in this (launching) thread: descriptors need a scratch buffer
     meta = dict(tuning.constants(q, causal), WINDOW=window_args[0], VARLEN=varlen, DROPOUT=dropout_p > 0)
+    # split head dim for the two kernels (the fused one keeps the padded tile): main 128 + tail
+    tail = 0 if fused else tuning.head_dim_tail(D)
+    assert not (tail and tma), "TMA loads are for D = 128 only; the split is for 128 < D <= 192"
+    split = dict(BLOCK_D=128, PAD_D=False, BLOCK_D_TAIL=tail) if tail else dict(BLOCK_D_TAIL=0)
     dq = dk = dv = None
     if needs_dq and not fused:
         dq = new(tuple(q.shape), q.dtype, q.device)
         args = (q, k, v, do, lse, delta, dq, *common, *strides(dq)[:3], H, H // H_kv, S_q, S_k, scale, *features)
         tuning.run("dq", fast_dq_kernel, _tuned_dq, lambda m: (triton.cdiv(S_q, m["BLOCK_M"]), B * H),
-                   args, meta, config=config, warmup=warmup)
+                   args, dict(meta, **split), config=config, warmup=warmup)
     if needs_dkdv:
         dk = new(tuple(k.shape), k.dtype, k.device)
         dv = new(tuple(v.shape), v.dtype, v.device)
@@ -361,7 +452,7 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                 H_kv, H // H_kv, S_q, S_k, scale, *features)
         tuning.run("fused" if fused else "dkdv", fast_dkdv_kernel, _tuned_fused if fused else _tuned_dkdv,
                    lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args,
-                   dict(meta, FUSED_DQ=fused, TMA=tma, TMA_STATS=tma_stats),
+                   dict(meta, **split, FUSED_DQ=fused, TMA=tma, TMA_STATS=tma_stats),
                    config=config, warmup=warmup)
         if fused and not warmup:
             dq = dq_acc.to(q.dtype)

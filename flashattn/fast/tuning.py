@@ -140,9 +140,10 @@ def _prune(name: str):
 
     def prune(candidates, named_args, **kwargs):
         head_dim = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        tail = kwargs.get("BLOCK_D_TAIL", named_args.get("BLOCK_D_TAIL", 0))
         q = named_args.get("Q")
         elem = q.element_size() if hasattr(q, "element_size") else 2
-        fits = set(configs.fitting(kernel, head_dim, elem, configs.device_shared_memory()))
+        fits = set(configs.fitting(kernel, head_dim, elem, configs.device_shared_memory(), tail=tail))
         keep = [c for c in candidates if KernelConfig.from_triton(c) in fits]
         return keep or candidates[-1:]
 
@@ -164,7 +165,9 @@ def autotuned(kernel, name: str, reset_to_zero=None):
     if runtime.INTERPRET:
         return None
     candidates = [c.to_triton() for c in configs.CANDIDATES[KERNELS[name]]]
-    kwargs = dict(configs=candidates, key=["S_BUCKET", "CAUSAL", "HEAD_DIM", "DOT_PRECISION", "WINDOW", "VARLEN", "DROPOUT"],
+    key = ["S_BUCKET", "CAUSAL", "HEAD_DIM", "DOT_PRECISION", "WINDOW", "VARLEN", "DROPOUT"]
+    key += ["BLOCK_D_TAIL"] if "BLOCK_D_TAIL" in kernel.arg_names else []     # the backward's split head dim
+    kwargs = dict(configs=candidates, key=key,
                   prune_configs_by={"early_config_prune": _prune(name)},
                   reset_to_zero=reset_to_zero, do_bench=_quick_bench)
     try:
@@ -187,6 +190,20 @@ def autotune_requested() -> bool:
     if _autotune is not None:
         return _autotune
     return os.environ.get("FLASHATTN_AUTOTUNE", "").strip().lower() in ("1", "true", "yes")
+
+
+#: Environment variable: ``FLASHATTN_SPLIT_D=0`` turns the backward's split head dim off (the ablation).
+SPLIT_D_ENV = "FLASHATTN_SPLIT_D"
+
+
+def head_dim_tail(head_dim: int) -> int:
+    """``BLOCK_D_TAIL`` of the two backward kernels: 128 < D <= 192 runs as a main tile of 128
+    columns plus a tail of next_power_of_2(D - 128) (at least 16, ``tl.dot``'s least): 144 to
+    192 columns of work where padding takes 256. 0 (no split) for every other head dim, and
+    where ``FLASHATTN_SPLIT_D=0`` (read at each call)."""
+    if not 128 < head_dim <= 192 or os.environ.get(SPLIT_D_ENV, "").strip() == "0":
+        return 0
+    return max(16, triton.next_power_of_2(head_dim - 128))
 
 
 def constants(q, causal: bool) -> dict:
@@ -242,7 +259,8 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
             tuned[grid](*args, **meta)
     else:
         feature = next((f.lower() for f in ("DROPOUT", "VARLEN", "WINDOW") if meta.get(f)), None)
-        candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device, feature=feature)
+        tail = meta.get("BLOCK_D_TAIL", 0)
+        candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device, feature=feature, tail=tail)
         key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False),
-               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"))
+               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), tail)
         configs.launch(key, candidates, launch)
