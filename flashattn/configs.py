@@ -76,7 +76,7 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     # kernels need the inner tile to divide the outer one (dq: BLOCK_N | BLOCK_M; dkdv:
     # BLOCK_M | BLOCK_N) so that the causal diagonal falls on whole inner tiles.
     "fast_fwd": [_c(128, 64, 4, 3), _c(128, 64, 8, 3), _c(128, 128, 8, 3), _c(128, 128, 8, 2),
-                 _c(64, 64, 4, 3), _c(128, 32, 8, 3), _c(64, 32, 4, 2)],
+                 _c(64, 64, 4, 3), _c(128, 32, 8, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1)],
     "fast_dq": [_c(128, 64, 8, 3), _c(128, 64, 8, 2), _c(128, 32, 4, 3), _c(64, 64, 4, 3),
                 _c(128, 64, 4, 3), _c(128, 64, 8, 1), _c(32, 32, 4, 3), _c(64, 32, 4, 1)],
     "fast_dkdv": [_c(64, 128, 8, 2), _c(32, 128, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 3),
@@ -89,8 +89,8 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "lazy_dkdv": [_c(64, 64, 4, 3), _c(32, 64, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
 }
 
-#: The fast kernels' first choice by head-dim class (padded D of 64, 128, 256; 192 for the
-#: backward's split head dim): the best geometric mean over the benchmark grid (S = 1k, 4k, 16k;
+#: The fast kernels' first choice by head-dim class (padded D of 64, 128, 256; 160 and 192 for
+#: the backward's split head dim): the best geometric mean over the benchmark grid (S = 1k, 4k, 16k;
 #: causal or not; fp16; D=160 and 256 at S=4k) in an H100 sweep of every candidate (2026-11-23;
 #: D=160 was then padded to 256). The others follow in the order above. At D=256 the backward
 #: keeps dK, dV (or dQ) of 256 columns in registers: one pipeline stage, or few rows, or it spills.
@@ -98,15 +98,13 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
     ("fast_fwd", 64): _c(128, 64, 8, 3), ("fast_fwd", 128): _c(128, 128, 8, 3),
     ("fast_dq", 64): _c(64, 64, 4, 3), ("fast_dq", 128): _c(128, 64, 8, 3), ("fast_dq", 256): _c(128, 64, 8, 1),
     ("fast_dkdv", 64): _c(32, 128, 4, 3), ("fast_dkdv", 128): _c(64, 64, 4, 2), ("fast_dkdv", 256): _c(32, 32, 4, 2),
-    # the split head dim (SPLIT_D_CLASS): a guess, not yet timed on a GPU -- large tiles that fit
-    # an H100 at 128 + 64 columns and spill little compiled for sm_90 (triton 3.6, ptxas -v: dQ
-    # 128 x 64 / 8 warps none; dK/dV 64 x 128 / 8 warps 0.9-1.4 KB, D=128's 64 x 64 / 4: 0.8 KB)
+    # the split head dim (128 + a tail of 32 or 64 columns: classes 160 and 192), from an H100
+    # sweep of the split kernels (2026-11-24, bf16, B=2 H=16 S=4096, causal or not): dQ 128 x 64 / 8
+    # warps / 2 stages at both; dK/dV 32 x 64 / 4 / 3 at D=160 (1.03 ms causal against 1.35 for
+    # 64 x 128 / 8 / 2), 64 x 128 / 8 / 2 at D=192 (1.55 against 1.94 for 32 x 64)
+    ("fast_dq", 160): _c(128, 64, 8, 2), ("fast_dkdv", 160): _c(32, 64, 4, 3),
     ("fast_dq", 192): _c(128, 64, 8, 2), ("fast_dkdv", 192): _c(64, 128, 8, 2),
 }
-
-#: ``PREFERRED``'s class for the backward's split head dim (128 < D <= 192: a 128-column tile and
-#: a tail, 144-192 columns; ``fast.tuning.head_dim_tail``); padded head dims are 64, 128 or 256.
-SPLIT_D_CLASS = 192
 
 #: The fast kernels with fp32 inputs (three TF32 products per product, fp32 tiles of twice the
 #: bytes): an H100 sweep of each kernel (2026-11-23; B=4, H=16, S=4096; D=128 causal, D=64 not)
@@ -215,9 +213,9 @@ def _shared_memory_of(index: int) -> int:
 def head_dim_class(head_dim: int, tail: int = 0) -> tuple[int, int]:
     """(columns a tile really holds, class of ``PREFERRED``): the padded head dim and 64, 128 or
     256; for the backward's split head dim (``tail`` > 0, ``fast.tuning.head_dim_tail``) the
-    128 + tail columns of its two tiles and the class ``SPLIT_D_CLASS``."""
+    128 + tail columns of its two tiles and the class 160 (tails of 16 or 32) or 192 (64)."""
     if tail:
-        return 128 + tail, SPLIT_D_CLASS
+        return 128 + tail, 128 + max(tail, 32)
     block_d = runtime.head_dim_block(head_dim)
     return block_d, min(max(block_d, 64), 256)
 
