@@ -43,6 +43,14 @@ The diagnoses and what they read:
                       forward recomputed with scale 1.0, dTau's column sums quoted, a position
                       vector on the wrong axis, a mask shaped like i, the cu_seqlens swapped, Z
                       applied again on dQ, a returned transpose quoted, 02o's mask bottom-right
+  classes             one operand of the lazy chain in another's place, a window edge written
+                      with another formula (searched, not listed); the online softmax's sums,
+                      maximum and scale value
+  blind set O         K/V expanded for GQA, a float dTau, float32 buffers, a shape unpacked out
+                      of order, a mask from one length twice, the causal comparison reversed,
+                      exp(S + LSE), the gate's value, dBias reversed, 1/p, & before <=,
+                      cdiv(BLOCK, S), ctx set after return, a method without (), a column LSE,
+                      0-d tensors for ints, a copy launched with the original's strides
 """
 import pytest
 
@@ -297,6 +305,48 @@ EDITS = [
      "delta = tl.load(delta_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)", "address_terms", "stride_lse_s"),
     ("09b", "seen = visible_mask(S_q, S_k, window).to(q.device)", "seen = visible_mask(S_k, S_q, window).to(q.device)",
      "exception", "the mask is [S_k, S_q], its two lengths the other way round"),
+    # ---- blind set O's misses
+    ("05", "        o, lse = flashattn.attention_forward(q, k, v, causal, scale)\n",
+     "        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)\n"
+     "        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)\n"
+     "        o, lse = flashattn.attention_forward(q, k, v, causal, scale)\n", "shape", "K and V expanded"),
+    ("07", "dtau = (dP.sum(-1) / (i + 1)).sum()", "dtau = float((dP.sum(-1) / (i + 1)).sum())", "shape",
+     "came back as a Python float"),
+    ("09b", "dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)",
+     "dq, dk, dv = torch.zeros(q.shape), torch.zeros(k.shape), torch.zeros(v.shape)", "dtype",
+     "torch's default: float32"),
+    ("02o", "B, H, S_q, D = q.shape", "B, S_q, H, D = q.shape", "shape_unpack_order", "`B, S_q, H, D = q.shape`"),
+    ("09m", "seen = torch.ones(S_q, S_k, dtype=torch.bool)", "seen = torch.ones(S_k, S_k, dtype=torch.bool)",
+     "exception", "is given the same length twice"),
+    ("02o", 's = s.masked_fill(cols > rows, float("-inf"))', 's = s.masked_fill(cols < rows, float("-inf"))',
+     "online_mask_reversed", "the past is hidden"),
+    ("04", "pT = tl.where(visible, tl.exp(sT - lse[None, :]), 0.0)", "pT = tl.where(visible, tl.exp(sT + lse[None, :]), 0.0)",
+     "lse_added", "P = exp(S + LSE)"),
+    ("07", "gate = causal & (P + c[:, None] > 0)", "gate = causal * torch.relu(P + c[:, None])", "lazy_gate_value",
+     "not its derivative"),
+    ("07", "for d in range(W + 1)])", "for d in reversed(range(W + 1))])", "lazy_dbias_reversed", "reverse order"),
+    ("09b", "z = keep.to(q.dtype) / (1.0 - dropout_p)", "z = keep.to(q.dtype) / dropout_p", "rescale_by_p",
+     "divides by p"),
+    ("03", "visible = visible & (offs_n[None, :] <= offs_m[:, None])", "visible = visible & offs_n[None, :] <= offs_m[:, None]",
+     "bitwise_precedence", "& binds before the comparison"),
+    ("04", "grid = (triton.cdiv(S_k, BLOCK), B * H_kv)", "grid = (triton.cdiv(BLOCK, S_k), B * H_kv)", "cdiv_swapped",
+     "cdiv(BLOCK, S) is 1"),
+    ("05", "        ctx.causal, ctx.scale = causal, scale        # not tensors: plain attributes\n        return o",
+     "        return o\n        ctx.causal, ctx.scale = causal, scale", "exception", "*after* its `return`"),
+    ("09m", "seen = torch.ones(S_q, S_k, dtype=torch.bool)", "seen = torch.ones(S_q, S_k).bool", "shape",
+     "names the method without calling it"),
+    ("03", "lse = tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)",
+     "lse = tl.load(lse_base + offs_m[:, None] * stride_lse_s, mask=row_ok[:, None], other=0.0)", "exception",
+     "already a column"),
+    ("09b", "cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()", "cu_q, cu_k = cu_seqlens_q, cu_seqlens_k",
+     "exception", "0-d tensors, not Python ints"),
+    ("03", "        q, k, v, do, lse, delta, dq,\n",
+     "        q.contiguous(), k.contiguous(), v.contiguous(), do.contiguous(), lse, delta, dq,\n", "copy_strides",
+     "a tensor that is not the one handed in"),
+    ("02o", "l = l * alpha + p.sum(dim=-1, keepdim=True)", "l = l * alpha + p.sum(dim=-2, keepdim=True)", "shape",
+     "reduces over axis -2, the query rows"),
+    ("05", "ctx.save_for_backward(q, k, v, o, lse)", "ctx.save_for_backward([q, k, v, o, lse])", "exception",
+     "hands save_for_backward one list"),
     # ---- a window edge written with another formula (window_edges.py: the class, not a list)
     ("09m", "seen &= j <= i + right", "seen &= j >= i + right", "window_edge_formula",
      "right edge `j >= i + right` where `j <= i + right` belongs"),

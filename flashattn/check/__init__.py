@@ -261,7 +261,7 @@ _BAD_GRAD = re.compile(r"invalid gradient at index (\d+) - got \[([\d, ]*)\] but
                        r"compatible with \[([\d, ]*)\]")
 
 
-def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
+def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = True,
                       cases: Optional[Sequence[Case]] = None, seed: int = 0,
                       raise_on_fail: bool = True, show: bool = True) -> CheckResult:
     """Check attention wired into autograd, forward and backward.
@@ -271,7 +271,8 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
     runs ``fn`` and ``torch.autograd.grad`` with a dO that may be strided, or calls
     ``o.sum().backward()`` (autograd then hands backward a dO of stride 0), and compares O,
     dQ, dK, dV with the float64 reference. One case passes ``scale=None`` (like SDPA: the
-    default 1/sqrt(D)); the others a float.
+    default 1/sqrt(D)); the others a float. ``gqa``: three cases more where K and V have fewer
+    heads than Q (the package's kernels take them as they are).
     """
     names = {"q": "dQ", "k": "dK", "v": "dV"}
 
@@ -298,6 +299,16 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fa
                 got = tuple(int(s) for s in m.group(2).split(",") if s.strip())
                 index = int(m.group(1))
                 other = next((names[n] for n in "qkv" if tuple(leaves[n].shape) == got), None)
+                H, H_kv = leaves["q"].shape[1], leaves["k"].shape[1]
+                if index in (1, 2) and H != H_kv and len(got) == 4 and got[1] == H and \
+                        got[2:] == tuple(leaves["k"].shape[2:]):     # one K/V gradient per *query* head
+                    n = names["qkv"[index]]
+                    raise ShapeError(
+                        f"{n} came back with {H} heads where {n[1:].lower()} has {H_kv} (GQA): {n} was computed for "
+                        f"K and V expanded to one head per query head (repeat_interleave in forward, saved "
+                        f"and handed to the kernels) or not summed over each group of {H // H_kv} query heads. "
+                        f"The kernels take K and V with their own H_kv heads and return dK, dV that way: pass "
+                        f"k and v on unchanged.") from None
                 if other is not None and index < 3:
                     raise _Swapped(names["qkv"[index]], other) from None
             raise

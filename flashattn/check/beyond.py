@@ -25,7 +25,7 @@ import torch
 
 from .. import runtime
 from .battery import Case
-from .diagnose import ShapeError
+from .diagnose import DtypeError, ShapeError
 from .runner import inputs_changed, run_battery, snapshot_inputs
 from .window_edges import edge_formulas
 
@@ -290,7 +290,8 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
         P = P.masked_fill(~seen, 0.0)
     if slip == "keep_inverted":
         keep = ~keep
-    rescale = {"rescale_inverted": 1.0 - p, "rescale_twice": 1.0 / (1.0 - p) ** 2}.get(slip, 1.0 / (1.0 - p))
+    rescale = {"rescale_inverted": 1.0 - p, "rescale_twice": 1.0 / (1.0 - p) ** 2,
+               "rescale_by_p": 1.0 / p if p else math.inf}.get(slip, 1.0 / (1.0 - p))
     z_dv = keep * (1.0 if slip in ("no_rescale", "no_rescale_dv") else rescale)
     z_dp = keep * (1.0 if slip in ("no_rescale", "no_rescale_dp") else rescale)
     if slip == "rescale_precedence":         # keep / 1.0 - p: the parentheses around 1 - p dropped
@@ -404,7 +405,7 @@ def _make(case: BeyondCase, dtype, device, seed, with_do):
 
 #: mistakes that change the result only with dropout on, and how each is put in
 DROPOUT_SLIPS = ("no_rescale", "no_rescale_dv", "no_rescale_dp", "dv_no_mask", "dp_no_mask", "ds_dropped_p",
-                 "dq_dropped", "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence")
+                 "dq_dropped", "rescale_by_p", "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence")
 
 
 def _variants(case: BeyondCase, x) -> dict:
@@ -472,6 +473,8 @@ def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
                 shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ShapeError(f"{name} has shape {shape}, expected {tuple(like.shape)} "
                                  f"(packed like {'q' if name == 'dq' else name[1]})")
+            if t.dtype != like.dtype:     # unpack() below turns everything into float64
+                raise DtypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} (like {name[1:]})")
         return unpack(case, dict(zip(("dQ", "dK", "dV"), got))), x.expected, {"inputs_modified": modified}
 
     return run_battery("check.beyond_backward", fn, BEYOND_CASES, run_case, kind="beyond", dtype=torch.float64,

@@ -162,6 +162,9 @@ _slip_rule("delta_rescaled", "delta is divided by 1 - p", _DROPOUT_IDEA + " O al
            kinds=("beyond",))
 _slip_rule("rescale_inverted", "the rescale multiplies by 1 - p instead of dividing", _DROPOUT_IDEA,
            kinds=("beyond",))
+_slip_rule("rescale_by_p", "the rescale divides by p, the drop probability, instead of 1 - p", _DROPOUT_IDEA +
+           " The kept elements are scaled by 1 / (1 - p), the inverse of the *keep* probability, so that the "
+           "expectation is unchanged; 1 / p blows them up (and is inf at p = 0).", kinds=("beyond",))
 _slip_rule("rescale_twice", "the 1 / (1 - p) rescale is applied twice", _DROPOUT_IDEA, kinds=("beyond",))
 _slip_rule("keep_inverted", "the dropout mask is inverted: the dropped elements are kept",
            "Z is True where the element *survives* (dropout_mask returns the keep-mask): multiply by Z, "

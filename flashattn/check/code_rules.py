@@ -371,6 +371,10 @@ def _discarded(src: str) -> list:
             later = {n for n, line in loads if line > end}
             # a computed value (not a launch or a call for its effect), or a name a typo away from one
             # used later (d_q = ... ; return dq)
+            size = ast.unparse(node.value)      # a length read and left unused is harmless
+            if re.search(r"\.shape\b|\.size\(|^len\(", size) and \
+                    not any(_one_typo(name, n) and len(n) != len(name) for n in later):   # (S_k beside S_q: no typo)
+                continue
             if _pure_call(node.value) or isinstance(node.value, ast.BinOp) or \
                     any(_one_typo(name, n) for n in later):
                 out.append(lines[node.lineno - 1].split("#")[0].strip())

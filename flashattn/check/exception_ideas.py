@@ -76,6 +76,51 @@ def _dot_idea(r) -> Optional[str]:
             "silently wrong.")
 
 
+def _rank_idea(r) -> Optional[str]:
+    """A tile with three axes in a kernel: a per-row vector loaded as a column ([M, 1]) and then
+    given another axis with [:, None] (lse[:, None] on an lse that is [M, 1] already)."""
+    if not re.search(r"equal ranks|rank|dimensions? mismatch", str(r.error)):
+        return None
+    found = _learners_line(r.error)
+    if found is None:
+        return None
+    f = found[0]
+    shapes = {}
+    for n, value in f.f_locals.items():
+        shape = getattr(value, "shape", None)
+        if value is None or isinstance(value, torch.Tensor) or not shape:
+            continue
+        try:
+            shapes[n] = tuple(int(getattr(d, "value", d)) for d in shape)
+        except (TypeError, ValueError):
+            continue
+    deep = [n for n, sh in shapes.items() if len(sh) >= 3]
+    columns = [n for n, sh in shapes.items() if len(sh) == 2 and 1 in sh and n not in deep]
+    if not deep or not columns:
+        return None
+    n = columns[0]
+    return (f"{', '.join(f'{d} {list(shapes[d])}' for d in deep[:3])} {'has' if len(deep) == 1 else 'have'} three "
+            f"axes; a tile here has two. {n} is {list(shapes[n])}, already a column: loaded with offs_m[:, None] "
+            f"(or kept with a new axis), it gets another one where the code writes {n}[:, None]. Load a per-row "
+            f"vector with the 1-D offsets (offs_m), and make it a column once, where it meets the tile.")
+
+
+def _scalar_tensor_idea(r) -> Optional[str]:
+    """0-d tensors handed where a Python number belongs (a kernel's sizes read them as pointers):
+    lengths computed from a cu_seqlens tensor without .tolist() / int()."""
+    if not re.search(r"pointer<|must be (?:an )?int|only integer|expected an integer", str(r.error)):
+        return None
+    scalars = [n for n, t in _line_tensors(r.error).items() if t.dim() == 0 and not t.dtype.is_floating_point]
+    if not scalars:
+        return None
+    made = _made_by(r.error, scalars)
+    origin = "".join(f" {n} is made by `{made[n]}`." for n in scalars if n in made)
+    return (f"{', '.join(scalars)} {'is a 0-d tensor' if len(scalars) == 1 else 'are 0-d tensors'}, not Python "
+            f"ints, where the call wants numbers (a kernel takes a tensor argument as a pointer).{origin} Indexing "
+            f"a tensor gives a tensor: take the offsets out of torch once, cu_q = cu_seqlens_q.tolist(), or "
+            f"int(...) each length.")
+
+
 def _bool_names(exc: BaseException) -> set:
     return {n for n, t in _line_tensors(exc).items() if t.dtype == torch.bool}
 
@@ -112,9 +157,20 @@ def _autograd_idea(r, sources: list) -> Optional[str]:
     m = re.search(r"'(\w+)Backward' object has no attribute '(\w+)'", message)
     if m:
         name = m.group(2)
-        stored = any(re.search(rf"ctx\.{name}\s*=|ctx\.\w+\s*,\s*ctx\.{name}\b.*=", t) for t in sources)
+        assign = re.compile(rf"^\s*(?:[\w.]+\s*,\s*)*ctx\.{name}\b(?:\s*,\s*[\w.]+)*\s*=(?!=)")
+        stored = any(assign.search(line) for t in sources for line in t.splitlines())
         said = ("which was not set when backward ran (assigned on another object, or in a branch "
                 "that did not run?)") if stored else "but your forward never assigns it"
+        for t in sources:        # assigned below forward's return: lines after a return never run
+            body = t.split("def forward", 1)[1].split("def backward", 1)[0] if "def forward" in t else ""
+            lines = [line for line in body.splitlines() if line.strip() and not line.strip().startswith("#")]
+            ret = next((i for i, line in enumerate(lines) if line.strip().startswith("return")), None)
+            late = next((line.strip() for line in lines[ret + 1:] if assign.search(line)), None) \
+                if ret is not None else None
+            if late:
+                said = (f"but your forward assigns it *after* its `return` (`{late}`): a return ends the "
+                        f"function, and the lines after it never run -- set ctx's attributes before returning")
+                break
         return (f"backward reads ctx.{name}, {said}. ctx is the only thing the "
                 f"two share: forward puts every non-tensor it needs on it as an attribute (ctx.{name} = "
                 f"{name}) and the tensors through ctx.save_for_backward(...).")
@@ -175,8 +231,8 @@ def _specific_idea(r, sources: list = ()):
     plumbing = _autograd_idea(r, list(sources)) or _used_before_assigned(r) or _undefined_name(r)
     if plumbing:
         return plumbing
-    saves = [line.strip() for src in sources for line in src.splitlines() if "save_for_backward(" in line
-             and not line.strip().startswith("#")]
+    saves = [line.split("#")[0].strip() for src in sources for line in src.splitlines()
+             if "save_for_backward(" in line and not line.strip().startswith("#")]
     if re.search(r"values to unpack", message) and len(saves) > 1:
         return (f"save_for_backward is called {len(saves)} times ({'; '.join(f'`{s}`' for s in saves)}): each call "
                 f"*replaces* what the previous one saved, so ctx.saved_tensors holds the last call's tensors only. "
@@ -199,7 +255,7 @@ def _specific_idea(r, sources: list = ()):
     dtypes = _dtype_idea(r)
     if dtypes:
         return dtypes
-    dot = _dot_idea(r)
+    dot = _dot_idea(r) or _rank_idea(r) or _scalar_tensor_idea(r)
     if dot:
         return dot
     if re.search(r"\w\.T\b", line):
@@ -209,6 +265,11 @@ def _specific_idea(r, sources: list = ()):
         return ("An argument arrived in the wrong place: compare the call with the function's "
                 "signature, argument by argument -- and, in an autograd.Function, what forward saved "
                 "in ctx (ctx.causal = causal, ctx.scale = scale, not the other way round).")
+    listed = next((line for line in saves if re.search(r"save_for_backward\(\s*[\[(]", line)), None)
+    if "save_for_backward can only save" in message and listed:
+        return (f"`{listed}` hands save_for_backward one list (or tuple): it takes the tensors themselves, "
+                f"as separate arguments -- ctx.save_for_backward(q, k, v, o, lse) -- and hands them back as a "
+                f"tuple in ctx.saved_tensors.")
     if "save_for_backward can only save" in message:
         return ("ctx.save_for_backward takes tensors only (it keeps them safe for the backward and "
                 "checks they were not modified in between). Plain values -- causal, scale -- go on "
@@ -246,8 +307,12 @@ def _specific_idea(r, sources: list = ()):
                     "the scores (query rows first), and its two sizes met S_q and S_k the wrong way "
                     f"round here ({m.group(1)} vs {m.group(2)}).")
         twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", line)
+        made = "" if twice else next((f"`{t}` (it made {n}), where " for n, t in _made_by(r.error, shapes).items()
+                                      if re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", t)), "")
+        if not twice and made:     # the operand was made a line or two above, from one length twice
+            twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", made)
         if twice:
-            return (f"`{twice.group(1)}({twice.group(2)}, {twice.group(2)}, ...)` is given the same length "
+            return (f"{made}`{twice.group(1)}({twice.group(2)}, {twice.group(2)}, ...)` is given the same length "
                     f"twice: it builds a square [{twice.group(2)}, {twice.group(2)}] where the scores are "
                     f"[S_q, S_k] = [{S_q}, {S_k}]. The rows count the queries (S.shape[-2]), the columns the "
                     f"keys (S.shape[-1]).")
@@ -399,7 +464,7 @@ def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
             return (f"The window's mask is {list(seen)}: the end offsets of a sequence in the packed batch "
                     f"(cu_seqlens_q[b + 1], cu_seqlens_k[b + 1]), not its lengths. A sequence's length is "
                     f"end - start: cu_seqlens[b + 1] - cu_seqlens[b]; only the first sequence starts at 0.")
-    for name, sh in shapes.items():
+    for name, sh in shapes.items() if lens_q else ():     # (lesson 09's packed batches only)
         for other, osh in shapes.items():
             # [S_q, H] beside [H, S_q, ...]: the LSE (or a row vector) not transposed per sequence
             if name != other and len(sh) == 2 and len(osh) >= 3 and sh == (osh[1], osh[0]) and sh[0] != sh[1]:

@@ -230,7 +230,7 @@ _fp("online_max_not_kept", "the running maximum is never updated",
     "After each block the new maximum becomes the running one (m = m_new): the next block's "
     "alpha and p are taken against it, and LSE = m + log(l) needs the final one.", kinds=("online_softmax",))
 _fp("lse_added", "P = exp(S + LSE): the LSE is subtracted",
-    "softmax(S) = exp(S) / exp(LSE) = exp(S - LSE).", kinds=("rebuild_p",))
+    "softmax(S) = exp(S) / exp(LSE) = exp(S - LSE).", kinds=("rebuild_p", "backward", "dq", "dkdv"))
 _fp("scale_on_difference", "the LSE is multiplied by the scale: exp(S - LSE * scale)",
     "The LSE belongs to the scaled scores already: S = Q K^T * scale, then P = exp(S - LSE), the LSE as "
     "it is. Multiplying it by the scale -- lse * scale, or (Q K^T - LSE) * scale, which is the same -- "
@@ -313,6 +313,12 @@ def _lazy_gate(ctx):
 
 for _id, _title, _idea in [
         ("lazy_scale", "dQ and dK are missing the scale", "S = Q K^T * scale + b, so dQ = dS K * scale and dK = dS^T Q * scale."),
+        ("lazy_gate_value", "the gate is the ReLU's value, relu(P + c), not its derivative",
+         "The chain rule multiplies dA by the ReLU's *derivative*: 1 where P + c > 0 (on the visible keys), "
+         "0 elsewhere -- gate = causal & (P + c > 0), a mask. relu(P + c) is the ReLU's output A itself."),
+        ("lazy_dbias_reversed", "dBias' diagonals are in reverse order: bias[d] gets diagonal W - d",
+         "bias[d] sits on diagonal d below the main one (i - j = d): dBias[d] = the sum of dS's d-th "
+         "diagonal, for d = 0, 1, ..., W in that order (range(W + 1)), not W down to 0."),
         ("lazy_recompute_unscaled", "the forward is recomputed without the scale (scale 1.0)",
          "The backward rebuilds P, A and O with the forward's own call, so that call needs the same "
          "scale as the forward had: with 1.0 every recomputed matrix is that of other scores, and all "
@@ -399,6 +405,10 @@ _fp("online_bottom_right", "the causal mask is aligned bottom-right: j <= i + S_
     "(FlashAttention aligns it bottom-right when S_q != S_k, so that the last query sees every key). "
     "The two agree when S_q == S_k; with S_q > S_k the bottom-right mask leaves the first rows with "
     "no key at all (0/0 = NaN). Mask with cols > rows, no offset.", kinds=("online_softmax",))
+_fp("online_mask_reversed", "the causal comparison is reversed: the past is hidden, the future kept",
+    "Query i sees keys j <= i: hide cols > rows. masked_fill(rows > cols, -inf) hides the keys *before* "
+    "the query and keeps the later ones; a block whose every key lies before row i leaves that row "
+    "with nothing (0/0 = NaN).", kinds=("online_softmax",))
 _fp("online_acc_not_rescaled", "acc is not rescaled by alpha: acc = acc + p V",
     "When the running maximum grows, everything summed so far was taken against the old maximum: "
     "both running sums, l and acc, must be multiplied by alpha = exp(m_old - m_new) before the new "

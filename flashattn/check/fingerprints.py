@@ -226,6 +226,7 @@ def _slip_variants(case: Case, x: Inputs, kind: str) -> dict:
     # masks P afterwards leaves 0 there
     out["exp_minus_lse:unmasked"] = _grads_from_p(case, x, torch.exp(masked_s) - lse)
     out["exp_minus_lse:masked"] = _grads_from_p(case, x, torch.where(visible, torch.exp(masked_s) - lse, 0.0))
+    out["lse_added"] = _grads_from_p(case, x, torch.where(visible, torch.exp(masked_s + lse), 0.0))
     if kind == "backward":
         out["ds_precedence"] = _grads_from_p(case, x, ref.P, dS=ref.P * ref.dP - ref.delta[..., None])
     else:                                                  # only the tiles a kernel visits subtract delta
@@ -462,6 +463,7 @@ def online_variants(case: Case, x: Inputs) -> dict:
             "online_p_times_alpha": _online(case, x, case.scale_value, torch.exp, slip="p_times_alpha"),
             "online_overlapping_blocks": _online(case, x, case.scale_value, torch.exp, slip="overlap"),
             "online_bottom_right": _online(case, x, case.scale_value, torch.exp, slip="bottom_right"),
+            "online_mask_reversed": _online(case, x, case.scale_value, torch.exp, slip="mask_reversed"),
             "online_acc_not_rescaled": _online(case, x, case.scale_value, torch.exp, slip="acc_no_alpha"),
             "online_l_not_rescaled": _online(case, x, case.scale_value, torch.exp, slip="l_no_alpha"),
             "online_m_block": _online(case, x, case.scale_value, torch.exp, slip="m_block"),
@@ -492,7 +494,8 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
         if case.causal:
             cols = torch.arange(n0, end, device=q.device)[None, :]
             shift = case.S_k - case.S_q if slip == "bottom_right" else 0      # bottom_right: j <= i + S_k - S_q
-            s = s.masked_fill(cols > rows + shift, 0.0 if slip == "mask_zero" else float("-inf"))   # mask_zero: S = 0
+            hidden = rows > cols if slip == "mask_reversed" else cols > rows + shift   # reversed: the past hidden
+            s = s.masked_fill(hidden, 0.0 if slip == "mask_zero" else float("-inf"))   # mask_zero: S = 0
         m_new = s.amax(-1, keepdim=True) if slip == "block_max" else torch.maximum(m, s.amax(-1, keepdim=True))
         # alpha_block_max: the old sums rescaled against this block's maximum, not the new one
         alpha = torch.exp(m - (s.amax(-1, keepdim=True) if slip == "alpha_block_max" else m_new))

@@ -269,3 +269,35 @@ def _grid_missing_axis(ctx):
                 return (f"'{r.case.name}': the grid {tuple(launch.grid)} has {len(launch.grid)} axis(es), and "
                         f"the kernel reads tl.program_id({max(axes)}); {ctx.case_pattern()}")
     return None
+
+
+def _copies_with_old_strides(r) -> list:
+    """[(parameter, the strides of the tensor it got, the strides its stride_* parameters got)]:
+    a tensor that is not one of those handed in (a copy: .contiguous(), .float()) launched with
+    strides that are not its own -- the original's, read before the copy was made."""
+    out = []
+    for launch in r.launch_args or ():
+        for param, own in (launch.strides or {}).items():
+            bare = re.sub(r"^(p_|ptr_)|(_ptr|_p)$", "", param.lower())
+            if _tensor_param(param) is None or (launch.tensors or {}).get(param) is not None:
+                continue
+            passed = tuple(v for n, v in launch.args.items() if re.fullmatch(rf"stride_?{bare}_?[bhsdmn]", n))
+            if len(passed) == len(own) and passed != own and (param, own, passed) not in out:
+                out.append((param, own, passed))
+    return out
+
+
+@rule("copy_strides", "a copy is launched with the strides of the tensor it was copied from",
+      "q.contiguous() (or .float(), .clone()) is a new tensor with strides of its own: where the input "
+      "was not contiguous they differ from q.stride(). The kernel walks the copy with the strides it is "
+      "given, so pass the strides of the tensor you pass: make the copy first (q = q.contiguous()), "
+      "then launch with q and *q.stride().", kinds=KINDS)
+def _copy_strides(ctx):
+    ran = [r for r in ctx.failing if r.error is None]
+    found = {id(r): _copies_with_old_strides(r) for r in ran}
+    hits = [r for r in ran if found[id(r)]]
+    if not hits or len(hits) < len(ran) / 2:
+        return None
+    param, own, passed = found[id(hits[0])][0]
+    return (f"in '{hits[0].case.name}' parameter {param} received a tensor that is not the one handed in (a copy) "
+            f"with strides {own}, while its stride parameters received {passed}; {ctx.case_pattern()}")

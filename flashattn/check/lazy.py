@@ -68,6 +68,11 @@ def lazy_backward(fn, *, seed: int = 0, raise_on_fail: bool = True, show: bool =
             got = fn(x.q[0, h], x.k[0, h], x.v[0, h], x.bias[h], x.tau[h], x.do[0, h], x.scale)
             if not isinstance(got, (tuple, list)) or len(got) != 5:
                 raise ShapeError(f"fn must return a tuple (dq, dk, dv, dbias, dtau), got {type(got).__name__}")
+            for name, t in zip(NAMES, got):
+                if not isinstance(t, torch.Tensor):   # .item(), float(): the value leaves torch
+                    raise ShapeError(f"{name} came back as a Python {type(t).__name__}, not a tensor: .item() "
+                                     f"or float() takes a value out of torch (off the device, out of "
+                                     f"autograd). Return the 0-d tensor itself, like tau.")
             per_head.append([torch.as_tensor(t, dtype=torch.float64) for t in got])
         outs = {}
         for j, name in enumerate(NAMES):
@@ -133,6 +138,10 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         "lazy_gate:ungated": from_dp(dA),
         "lazy_scale": {"dQ": dS @ k, "dK": dS.transpose(-1, -2) @ q},
         "lazy_recompute_unscaled": unscaled,
+        # the gate as the ReLU's value, relu(P + c), where its derivative (the indicator) belongs
+        "lazy_gate_value": from_dp(dA * causal * torch.relu(P + c[..., None])),
+        # bias[d] for d = W ... 0: the diagonals in reverse order
+        "lazy_dbias_reversed": {"dBias": diagonal_sums(dS, W).flip(-1)},
         "lazy_dk_transpose": {"dK": dS @ q * scale},
         "lazy_dv": {"dV": P.transpose(-1, -2) @ do},
         "lazy_dbias_diagonals": {"dBias": diagonal_sums(dS.transpose(-1, -2), W)},

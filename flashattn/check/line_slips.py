@@ -176,3 +176,45 @@ line_rule("p_filled_neg_inf", "P is filled with -inf after the exponential: the 
           "the weight, and a hidden entry's weight is 0: where the mask is False, fill 0.0. -inf in P "
           "turns every product it enters into -inf or NaN.", kinds=("dq", "dkdv", "backward", "lazy", "beyond"),
           test=lambda c: _FILL_NEG_INF.search(c) or _P_FILLED.search(c), show=("tensors",))
+
+
+def _shape_unpacked_out_of_order(line: str) -> bool:
+    """``B, S_q, H, D = q.shape``: [B, H, S, D] unpacked as if it were [B, S, H, D]."""
+    m = re.match(r"^(\w+),\s*(\w+),\s*(\w+),\s*(\w+)\s*=\s*\w+\.shape$", line)
+    return bool(m) and bool(re.fullmatch(r"S\w*|L|N|T|seq\w*", m.group(2))) and \
+        bool(re.fullmatch(r"H\w*|heads?|n_heads", m.group(3)))
+
+
+line_rule("shape_unpack_order", "the shape is unpacked in another order than the tensor's axes",
+          "q, k, v are [B, H, S, D]: batch, heads, sequence, head dim. `B, S_q, H, D = q.shape` reads the "
+          "heads into S_q and the sequence into H: every size after it (the masks, the positions, the "
+          "buffers) is built from the other length. Unpack in the axes' order: B, H, S_q, D = q.shape.",
+          kinds=KINDS, test=_shape_unpacked_out_of_order)
+
+
+line_rule("rescale_by_p", "the dropout rescale divides by p, the drop probability",
+          "Dropout keeps each element with probability 1 - p and scales the kept ones by 1 / (1 - p), so that "
+          "the expectation is unchanged. Dividing by p (dropout_p) scales by the *drop* probability -- and "
+          "divides by zero when dropout is off (p = 0). Write keep / (1 - dropout_p).", kinds=("beyond",),
+          test=lambda c: re.search(r"/\s*\(?\s*dropout_p\s*\)?\s*(?:$|[),#*])", c) is not None)
+
+
+def _bitwise_before_comparison(line: str) -> bool:
+    """``mask & a <= b``: & (or |) and a comparison side by side, unparenthesised."""
+    top = _top_level(line.split("#")[0])
+    top = re.sub(r"^[\w.\[\], ]+[&|]=", "", top)       # seen &= j >= i: the right side is one comparison
+    return bool(re.search(r"[&|]", top)) and bool(re.search(r"<=|>=|==|!=|(?<![<>=-])[<>](?![<>=])", top)) \
+        and not re.search(r"\bif\b|\bwhile\b|\band\b|\bor\b", top)
+
+
+line_rule("bitwise_precedence", "`a & b <= c`: & binds before the comparison",
+          "In Python (and Triton) & and | bind more tightly than <, <=, ==: `visible & offs_n <= offs_m` is "
+          "`(visible & offs_n) <= offs_m`, a bitwise and of a mask with positions, then compared. Put every "
+          "comparison in parentheses: visible & (offs_n[None, :] <= offs_m[:, None]).",
+          kinds=tuple(k for k in KINDS if k != "window"),    # (09m's window_and_precedence says it there)
+          test=_bitwise_before_comparison)
+
+line_rule("cdiv_swapped", "triton.cdiv's arguments are swapped: cdiv(BLOCK, S) is 1",
+          "triton.cdiv(a, b) is ceil(a / b): the number of blocks is cdiv(S, BLOCK), the length first. "
+          "cdiv(BLOCK, S) is 1 (or 0-1 blocks) whatever the length, so only the first block gets a program.",
+          kinds=("dq", "dkdv"), test=lambda c: re.search(r"cdiv\(\s*BLOCK\w*\s*,", c) is not None)

@@ -22,7 +22,7 @@ from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
-from .shape_names import aliased_buffers, lost_axes, shape_story
+from .shape_names import aliased_buffers, lost_axes, returned_the_wrong_thing, shape_story
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -96,7 +96,16 @@ def _saved_order(ctx):
       "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.")
 def _dtype(ctx):
     r = _first_error(ctx, DtypeError)
-    return f"case '{r.case.name}': {r.error}" if r is not None else None
+    if r is None:
+        return None
+    from .code_rules import _first_line
+    made = _first_line(ctx, lambda c: re.search(r"torch\.(?:zeros|empty|ones)\(\s*[\w.]+\.shape\s*\)", c))
+    if made:     # a buffer in torch's defaults: float32 on the CPU
+        return (f"case '{r.case.name}': {r.error}; `{made}`",
+                "torch.zeros(shape) (empty, ones) makes torch's default: float32, on the CPU. A buffer "
+                "the results are written into takes its input's dtype and device: torch.zeros_like(q), "
+                "or dtype=q.dtype, device=q.device.")
+    return f"case '{r.case.name}': {r.error}"
 
 
 @rule("none_gradient", "a gradient came back None although its input requires grad",
@@ -133,16 +142,9 @@ def _shape(ctx):
     if r is None:
         return None
     message = str(r.error)
-    if "got NoneType" in message:
-        cases = [x.case.name for x in ctx.results if x.error is not None and "got NoneType" in str(x.error)]
-        return message, (f"Your function returned None in {len(cases)} case(s) ({', '.join(cases[:3])}): it "
-                         f"reached its end without a return. A return inside an `if` (or a loop) returns only "
-                         f"when that branch runs: put the final return at the function's own level.")
-    if ctx.kind == "autograd" and "got tuple" in message:
-        return message, ("Your function returned a tuple where the output alone belongs, as SDPA returns "
-                         "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
-                         "return o, and put what the backward needs besides (the LSE) into "
-                         "ctx.save_for_backward.")
+    returned = returned_the_wrong_thing(ctx, message)
+    if returned:
+        return message, returned
     aliased = aliased_buffers(ctx)
     if aliased:
         return message, aliased

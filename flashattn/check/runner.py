@@ -42,6 +42,7 @@ class Launch:
     fn: object = None                 # the kernel's Python function (its source, for the rules)
     pointers: dict = None             # tensor parameter -> its data_ptr()
     tensors: dict = None              # tensor parameter -> the name of the handed tensor it got
+    strides: dict = None              # tensor parameter -> the strides of the tensor it got
 
 
 def _record(fn, grid, args, kwargs) -> Optional[Launch]:
@@ -55,6 +56,7 @@ def _record(fn, grid, args, kwargs) -> Optional[Launch]:
     scalars = {n: v for n, v in bound.arguments.items()
                if isinstance(v, (bool, int, float, np.integer, np.floating))}
     pointers = {n: v.data_ptr() for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
+    strides = {n: tuple(v.stride()) for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
     if callable(grid):
         try:
             grid = grid(dict(bound.arguments))
@@ -64,7 +66,7 @@ def _record(fn, grid, args, kwargs) -> Optional[Launch]:
         grid = tuple(int(g) for g in grid) if grid is not None else None
     except (TypeError, ValueError):
         grid = None
-    return Launch(getattr(fn, "__name__", "?"), scalars, grid, fn, pointers)
+    return Launch(getattr(fn, "__name__", "?"), scalars, grid, fn, pointers, strides=strides)
 
 
 @contextlib.contextmanager

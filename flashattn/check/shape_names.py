@@ -142,3 +142,32 @@ def lost_axes(ctx, name: str, got: list, want: list) -> str:
                 f"o, lse = ....")
     return (f"{lost} squeeze() without a dimension drops *every* axis of size 1 -- B, H or S_q of 1 "
             f"too; squeeze(-1) (or [..., 0]) drops the one you mean.")
+
+
+def returned_the_wrong_thing(ctx, message: str):
+    """What the learner's function returned in place of a tensor, when the ShapeError's message
+    says: None (no return reached), a method (named without its ()), a Python number or a tensor
+    with the wrong heads (the message tells it), a tuple from an autograd.Function's forward."""
+    from .code_rules import _first_line
+
+    if "got NoneType" in message:
+        cases = [x.case.name for x in ctx.results if x.error is not None and "got NoneType" in str(x.error)]
+        return (f"Your function returned None in {len(cases)} case(s) ({', '.join(cases[:3])}): it "
+                f"reached its end without a return. A return inside an `if` (or a loop) returns only "
+                f"when that branch runs: put the final return at the function's own level.")
+    if re.search(r"got (?:builtin_function_or_method|method)\b", message):   # .bool, not .bool()
+        line = _first_line(ctx, lambda c: re.search(r"\.(?:bool|float|half|int|long|contiguous|clone|detach|t)\s*$", c))
+        return ((f"`{line}` names the method without calling it: " if line else "A method was named "
+                 "without calling it: ") + "x.bool is the method itself, x.bool() its result. Add the ().")
+    axis = _first_line(ctx, lambda c: re.search(r"\.(?:sum|amax|max|mean|logsumexp)\(\s*(?:dim\s*=\s*)?-2\b", c))
+    if axis and ctx.kind in ("online_softmax", "backward", "rebuild_p"):    # a row's reduction over the rows
+        return (f"`{axis}` reduces over axis -2, the query rows: one value per *key*, which then broadcasts "
+                f"into the wrong shape. A row's maximum and sum run over its keys, the last axis: dim=-1.")
+    if " came back " in message:     # the message tells the story itself (a float; K/V heads under GQA)
+        return message.split(": ", 1)[1]
+    if ctx.kind == "autograd" and "got tuple" in message:
+        return ("Your function returned a tuple where the output alone belongs, as SDPA returns "
+                "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
+                "return o, and put what the backward needs besides (the LSE) into "
+                "ctx.save_for_backward.")
+    return None
