@@ -49,7 +49,7 @@ The diagnoses and what they read:
   blind set O         K/V expanded for GQA, a float dTau, float32 buffers, a shape unpacked out
                       of order, a mask from one length twice, the causal comparison reversed,
                       exp(S + LSE), the gate's value, dBias reversed, 1/p, & before <=,
-                      cdiv(BLOCK, S), ctx set after return, a method without (), a column LSE,
+                      cdiv(BLOCK, S), ctx set after return, a method without (), an LSE loaded as a column,
                       0-d tensors for ints, a copy launched with the original's strides
 """
 import pytest
@@ -325,7 +325,7 @@ EDITS = [
     ("07", "gate = causal & (P + c[:, None] > 0)", "gate = causal * torch.relu(P + c[:, None])", "lazy_gate_value",
      "not its derivative"),
     ("07", "for d in range(W + 1)])", "for d in reversed(range(W + 1))])", "lazy_dbias_reversed", "reverse order"),
-    ("09b", "z = keep.to(q.dtype) / (1.0 - dropout_p)", "z = keep.to(q.dtype) / dropout_p", "rescale_by_p",
+    ("09b", "z = keep.to(q.dtype) / (1.0 - dropout_p)", "z = keep.to(q.dtype) / dropout_p", "divides_by_p",
      "divides by p"),
     ("03", "visible = visible & (offs_n[None, :] <= offs_m[:, None])", "visible = visible & offs_n[None, :] <= offs_m[:, None]",
      "bitwise_precedence", "& binds before the comparison"),
@@ -336,8 +336,8 @@ EDITS = [
     ("09m", "seen = torch.ones(S_q, S_k, dtype=torch.bool)", "seen = torch.ones(S_q, S_k).bool", "shape",
      "names the method without calling it"),
     ("03", "lse = tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)",
-     "lse = tl.load(lse_base + offs_m[:, None] * stride_lse_s, mask=row_ok[:, None], other=0.0)", "exception",
-     "already a column"),
+     "lse = tl.load(lse_base + offs_m[:, None] * stride_lse_s, mask=row_ok[:, None], other=0.0)",
+     "row_vector_as_column", "loaded as a column"),
     ("09b", "cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()", "cu_q, cu_k = cu_seqlens_q, cu_seqlens_k",
      "exception", "0-d tensors, not Python ints"),
     ("03", "        q, k, v, do, lse, delta, dq,\n",

@@ -76,39 +76,11 @@ def _dot_idea(r) -> Optional[str]:
             "silently wrong.")
 
 
-def _rank_idea(r) -> Optional[str]:
-    """A tile with three axes in a kernel: a per-row vector loaded as a column ([M, 1]) and then
-    given another axis with [:, None] (lse[:, None] on an lse that is [M, 1] already)."""
-    if not re.search(r"equal ranks|rank|dimensions? mismatch", str(r.error)):
-        return None
-    found = _learners_line(r.error)
-    if found is None:
-        return None
-    f = found[0]
-    shapes = {}
-    for n, value in f.f_locals.items():
-        shape = getattr(value, "shape", None)
-        if value is None or isinstance(value, torch.Tensor) or not shape:
-            continue
-        try:
-            shapes[n] = tuple(int(getattr(d, "value", d)) for d in shape)
-        except (TypeError, ValueError):
-            continue
-    deep = [n for n, sh in shapes.items() if len(sh) >= 3]
-    columns = [n for n, sh in shapes.items() if len(sh) == 2 and 1 in sh and n not in deep]
-    if not deep or not columns:
-        return None
-    n = columns[0]
-    return (f"{', '.join(f'{d} {list(shapes[d])}' for d in deep[:3])} {'has' if len(deep) == 1 else 'have'} three "
-            f"axes; a tile here has two. {n} is {list(shapes[n])}, already a column: loaded with offs_m[:, None] "
-            f"(or kept with a new axis), it gets another one where the code writes {n}[:, None]. Load a per-row "
-            f"vector with the 1-D offsets (offs_m), and make it a column once, where it meets the tile.")
-
-
 def _scalar_tensor_idea(r) -> Optional[str]:
     """0-d tensors handed where a Python number belongs (a kernel's sizes read them as pointers):
     lengths computed from a cu_seqlens tensor without .tolist() / int()."""
-    if not re.search(r"pointer<|must be (?:an )?int|only integer|expected an integer", str(r.error)):
+    compiled = type(r.error).__name__ in ("CompilationError", "InterpreterError")   # (a GPU says less)
+    if not compiled and not re.search(r"pointer<|must be (?:an )?int|only integer|expected an integer", str(r.error)):
         return None
     scalars = [n for n, t in _line_tensors(r.error).items() if t.dim() == 0 and not t.dtype.is_floating_point]
     if not scalars:
@@ -255,7 +227,7 @@ def _specific_idea(r, sources: list = ()):
     dtypes = _dtype_idea(r)
     if dtypes:
         return dtypes
-    dot = _dot_idea(r) or _rank_idea(r) or _scalar_tensor_idea(r)
+    dot = _dot_idea(r) or _scalar_tensor_idea(r)
     if dot:
         return dot
     if re.search(r"\w\.T\b", line):
@@ -307,14 +279,15 @@ def _specific_idea(r, sources: list = ()):
                     "the scores (query rows first), and its two sizes met S_q and S_k the wrong way "
                     f"round here ({m.group(1)} vs {m.group(2)}).")
         twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", line)
-        made = "" if twice else next((f"`{t}` (it made {n}), where " for n, t in _made_by(r.error, shapes).items()
+        made = "" if twice else next((f"{n} is {list(shapes[n])}, made by `{t}`: " for n, t in
+                                      _made_by(r.error, shapes).items()
                                       if re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", t)), "")
         if not twice and made:     # the operand was made a line or two above, from one length twice
             twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", made)
         if twice:
             return (f"{made}`{twice.group(1)}({twice.group(2)}, {twice.group(2)}, ...)` is given the same length "
                     f"twice: it builds a square [{twice.group(2)}, {twice.group(2)}] where the scores are "
-                    f"[S_q, S_k] = [{S_q}, {S_k}]. The rows count the queries (S.shape[-2]), the columns the "
+                    f"[S_q, S_k] = [{S_q}, {S_k}]. The rows count the queries (S.shape[-2]), the last axis the "
                     f"keys (S.shape[-1]).")
         built = _built_from_wrong_length(r.error, shapes, sizes, size_names(c))
         if built:

@@ -192,7 +192,7 @@ line_rule("shape_unpack_order", "the shape is unpacked in another order than the
           kinds=KINDS, test=_shape_unpacked_out_of_order)
 
 
-line_rule("rescale_by_p", "the dropout rescale divides by p, the drop probability",
+line_rule("divides_by_p", "the dropout rescale divides by p, the drop probability",
           "Dropout keeps each element with probability 1 - p and scales the kept ones by 1 / (1 - p), so that "
           "the expectation is unchanged. Dividing by p (dropout_p) scales by the *drop* probability -- and "
           "divides by zero when dropout is off (p = 0). Write keep / (1 - dropout_p).", kinds=("beyond",),
@@ -218,3 +218,11 @@ line_rule("cdiv_swapped", "triton.cdiv's arguments are swapped: cdiv(BLOCK, S) i
           "triton.cdiv(a, b) is ceil(a / b): the number of blocks is cdiv(S, BLOCK), the length first. "
           "cdiv(BLOCK, S) is 1 (or 0-1 blocks) whatever the length, so only the first block gets a program.",
           kinds=("dq", "dkdv"), test=lambda c: re.search(r"cdiv\(\s*BLOCK\w*\s*,", c) is not None)
+
+
+line_rule("row_vector_as_column", "a per-row vector is loaded as a column: [BLOCK_M, 1] before its [:, None]",
+          "The LSE and delta hold one number per query row: load them with the 1-D offsets, "
+          "tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok), a vector [BLOCK_M]. Loaded with "
+          "offs_m[:, None] they are already a column [BLOCK_M, 1], and the lse[:, None] that meets the "
+          "[BLOCK_M, BLOCK_N] tile makes a third axis, which tl.dot refuses.", kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"^(?:lse|delta|m_i|l_i)\w*\s*=\s*tl\.load\(.*offs_\w+\[:,\s*None\]", c) is not None)
