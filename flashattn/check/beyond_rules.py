@@ -7,7 +7,7 @@ a window, only with several sequences -- when no fingerprint fits. Registered in
 from __future__ import annotations
 
 from . import window_edges
-from .diagnose import fingerprint_rule, rule
+from .diagnose import fingerprint_rule, in_every_failing_case, rule
 
 KINDS = ("window", "beyond")
 WINDOW_IDEA = ("window = (left, right): query i sees keys i - left ... i + right, both ends included "
@@ -313,10 +313,7 @@ def _beyond_custom_scale(ctx):
       "limit on that side). Each edge is relative to the query's own position i, with its own side's "
       "width: j >= i - left and j <= i + right.", kinds=("window",))
 def _edge_formula(ctx):
-    common = None
-    for r in ctx.failing:
-        labels = {f for f in r.fingerprints if f.startswith("edge:")}
-        common = labels if common is None else common & labels
+    common = in_every_failing_case(ctx, "edge:")
     if not common:
         return None
     # the simplest formula that fits every failing case: the base i, no end moved, the comparison kept

@@ -244,6 +244,17 @@ class NoGradient(ShapeError):
     """A gradient that came back None for an input that requires grad."""
 
 
+def in_every_failing_case(ctx, prefix: str, also=lambda label: True) -> set:
+    """The full fingerprint labels starting with ``prefix`` (and passing ``also``) that every
+    failing case matches: a mistake generated from a class (one operand, one edge's formula)
+    names itself only where it explains them all."""
+    common = None
+    for r in ctx.failing:
+        labels = {f for f in r.fingerprints if f.startswith(prefix) and also(f)}
+        common = labels if common is None else common & labels
+    return common or set()
+
+
 def fingerprint_test(name: str):
     """The test of a rule that fires when the failing cases' outputs match fingerprint ``name``.
     It lives here, not in fingerprint_rules.py: importing that module registers all its rules,

@@ -10,6 +10,7 @@ import re
 
 from .diagnose import fingerprint_rule as _fp
 from .diagnose import fingerprint_test as _fingerprint_test
+from .diagnose import in_every_failing_case
 from .diagnose import rule
 
 
@@ -611,11 +612,10 @@ def _wrong_argument(ctx):
       "(dP - delta) comes out wrong. Find where that vector is made or passed on, and drop the factor.",
       kinds=("backward", "dq", "dkdv", "autograd"))
 def _scaled_statistic(ctx):
-    labels = {f for r in ctx.failing for f in r.fingerprints if f.startswith("subst:") and " scale in place" in f}
-    hits = {label: [r for r in ctx.failing if label in r.fingerprints] for label in labels}
-    label = max(sorted(hits), key=lambda n: len(hits[n]), default=None)
-    if label is None or len(hits[label]) != len(ctx.failing) or len(ctx.failing) < 2:
+    common = in_every_failing_case(ctx, "subst:", lambda f: " scale in place" in f)
+    if not common or len(ctx.failing) < 2:
         return None
+    label = sorted(common)[0]
     return f"yours: {label[6:]}, exactly, in {len(ctx.failing)} of {len(ctx.failing)} failing cases; {ctx.tensor_pattern()}"
 
 
@@ -626,10 +626,7 @@ def _scaled_statistic(ctx):
       "Your outputs equal the chain with one of them replaced (named in the evidence): compare that "
       "line with its formula.", kinds=("lazy",))
 def _lazy_wrong_operand(ctx):
-    common = None
-    for r in ctx.failing:
-        labels = {f for f in r.fingerprints if f.startswith("lazy_subst:")}
-        common = labels if common is None else common & labels
+    common = in_every_failing_case(ctx, "lazy_subst:")
     if not common:
         return None
     label = min(sorted(common), key=len)
