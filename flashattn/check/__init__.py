@@ -303,12 +303,12 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Tr
                 if index in (1, 2) and H != H_kv and len(got) == 4 and got[1] == H and \
                         got[2:] == tuple(leaves["k"].shape[2:]):     # one K/V gradient per *query* head
                     n = names["qkv"[index]]
-                    raise ShapeError(
-                        f"{n} came back with {H} heads where {n[1:].lower()} has {H_kv} (GQA): {n} was computed for "
-                        f"K and V expanded to one head per query head (repeat_interleave in forward, saved "
-                        f"and handed to the kernels) or not summed over each group of {H // H_kv} query heads. "
-                        f"The kernels take K and V with their own H_kv heads and return dK, dV that way: pass "
-                        f"k and v on unchanged.") from None
+                    idea = (f"{n} was computed for K and V expanded to one head per query head (repeat_interleave "
+                            f"in forward, saved and handed to the kernels) or not summed over each group of "
+                            f"{H // H_kv} query heads. The kernels take K and V with their own H_kv heads and return "
+                            f"dK, dV that way: pass k and v on unchanged.")
+                    raise ShapeError(f"{n} came back with {H} heads where {n[1:].lower()} has {H_kv} (GQA): {idea}",
+                                     idea=idea) from None
                 if other is not None and index < 3:
                     raise _Swapped(names["qkv"[index]], other) from None
             raise

@@ -233,7 +233,12 @@ def _first_error(ctx, kind):
 
 
 class ShapeError(Exception):
-    """An output of the wrong type or shape."""
+    """An output of the wrong type or shape. ``idea``: what it means, where the place that
+    raises already knows (the shape rule then tells it instead of a generic one)."""
+
+    def __init__(self, message: str = "", idea: str = ""):
+        super().__init__(message)
+        self.idea = idea
 
 
 class DtypeError(ShapeError):

@@ -410,15 +410,14 @@ _fp("online_mask_reversed", "the causal comparison is reversed: the past is hidd
     "Query i sees keys j <= i: hide cols > rows. masked_fill(rows > cols, -inf) hides the keys *before* "
     "the query and keeps the later ones; a block whose every key lies before row i leaves that row "
     "with nothing (0/0 = NaN).", kinds=("online_softmax",))
+_RESCALE = ("When the running maximum grows, everything summed so far was taken against the old maximum: "
+            "both running sums, l and acc, must be multiplied by alpha = exp(m_old - m_new) before the new "
+            "block is added ")
 _fp("online_acc_not_rescaled", "acc is not rescaled by alpha: acc = acc + p V",
-    "When the running maximum grows, everything summed so far was taken against the old maximum: "
-    "both running sums, l and acc, must be multiplied by alpha = exp(m_old - m_new) before the new "
-    "block is added (acc = acc * alpha + p V). Yours rescales l (the LSE is right) but not acc.",
+    _RESCALE + "(acc = acc * alpha + p V). Yours rescales l (the LSE is right) but not acc.",
     kinds=("online_softmax",))
 _fp("online_l_not_rescaled", "l is not rescaled by alpha: l = l + rowsum(p)",
-    "When the running maximum grows, everything summed so far was taken against the old maximum: "
-    "both running sums, l and acc, must be multiplied by alpha = exp(m_old - m_new) before the new "
-    "block is added (l = l * alpha + rowsum(p)). Yours rescales acc but not l.", kinds=("online_softmax",))
+    _RESCALE + "(l = l * alpha + rowsum(p)). Yours rescales acc but not l.", kinds=("online_softmax",))
 _fp("online_m_block", "m is set to the block's maximum, not kept as the running maximum",
     "m must be the maximum over *every* key seen so far: m = m_new = max(m, rowmax(s)). Set to this "
     "block's own maximum, it can fall, alpha = exp(m - m_new) then grows past 1, and a block with "

@@ -90,11 +90,15 @@ _TENSOR_PARAMS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta
                   "dq": "dQ", "dk": "dK", "dv": "dV"}
 
 
+def _bare(name: str) -> str:
+    """A pointer parameter's name without its decorations: ``q_ptr``, ``Q``, ``p_q`` -> ``q``."""
+    return re.sub(r"^(p_|ptr_)|(_ptr|_p)$", "", name.lower())
+
+
 def _tensor_param(name: str):
     """The handed tensor a kernel parameter's name says it holds (``Q``, ``q_ptr``, ``LSE``,
     ``Delta``, ``DK_ptr``), or None for a name the lessons do not use."""
-    bare = re.sub(r"^(p_|ptr_)|(_ptr|_p)$", "", name.lower())
-    return _TENSOR_PARAMS.get(bare)
+    return _TENSOR_PARAMS.get(_bare(name))
 
 
 def _wrong_tensors(r) -> list:
@@ -278,7 +282,7 @@ def _copies_with_old_strides(r) -> list:
     out = []
     for launch in r.launch_args or ():
         for param, own in (launch.strides or {}).items():
-            bare = re.sub(r"^(p_|ptr_)|(_ptr|_p)$", "", param.lower())
+            bare = _bare(param)
             if _tensor_param(param) is None or (launch.tensors or {}).get(param) is not None:
                 continue
             passed = tuple(v for n, v in launch.args.items() if re.fullmatch(rf"stride_?{bare}_?[bhsdmn]", n))

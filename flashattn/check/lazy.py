@@ -70,9 +70,10 @@ def lazy_backward(fn, *, seed: int = 0, raise_on_fail: bool = True, show: bool =
                 raise ShapeError(f"fn must return a tuple (dq, dk, dv, dbias, dtau), got {type(got).__name__}")
             for name, t in zip(NAMES, got):
                 if not isinstance(t, torch.Tensor):   # .item(), float(): the value leaves torch
-                    raise ShapeError(f"{name} came back as a Python {type(t).__name__}, not a tensor: .item() "
-                                     f"or float() takes a value out of torch (off the device, out of "
-                                     f"autograd). Return the 0-d tensor itself, like tau.")
+                    idea = (".item() or float() takes a value out of torch (off the device, out of autograd). "
+                            "Return the 0-d tensor itself, like tau.")
+                    raise ShapeError(f"{name} came back as a Python {type(t).__name__}, not a tensor: {idea}",
+                                     idea=idea)
             per_head.append([torch.as_tensor(t, dtype=torch.float64) for t in got])
         outs = {}
         for j, name in enumerate(NAMES):

@@ -142,6 +142,8 @@ def _shape(ctx):
     if r is None:
         return None
     message = str(r.error)
+    if r.error.idea:            # the place that raised knew the story (a float; K/V heads under GQA)
+        return message, r.error.idea
     returned = returned_the_wrong_thing(ctx, message)
     if returned:
         return message, returned

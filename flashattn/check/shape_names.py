@@ -146,8 +146,8 @@ def lost_axes(ctx, name: str, got: list, want: list) -> str:
 
 def returned_the_wrong_thing(ctx, message: str):
     """What the learner's function returned in place of a tensor, when the ShapeError's message
-    says: None (no return reached), a method (named without its ()), a Python number or a tensor
-    with the wrong heads (the message tells it), a tuple from an autograd.Function's forward."""
+    says: None (no return reached), a method (named without its ()), a row reduced over the rows,
+    a tuple from an autograd.Function's forward."""
     from .code_rules import _first_line
 
     if "got NoneType" in message:
@@ -163,8 +163,6 @@ def returned_the_wrong_thing(ctx, message: str):
     if axis and ctx.kind in ("online_softmax", "backward", "rebuild_p"):    # a row's reduction over the rows
         return (f"`{axis}` reduces over axis -2, the query rows: one value per *key*, which then broadcasts "
                 f"into the wrong shape. A row's maximum and sum run over its keys, the last axis: dim=-1.")
-    if " came back " in message:     # the message tells the story itself (a float; K/V heads under GQA)
-        return message.split(": ", 1)[1]
     if ctx.kind == "autograd" and "got tuple" in message:
         return ("Your function returned a tuple where the output alone belongs, as SDPA returns "
                 "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
