@@ -61,7 +61,7 @@ INTERPRETER_CONFIG = _c(32, 32, 1, 1)
 #: The fast kernels in the interpreter (CPU tests): small unequal tiles, so that the causal
 #: diagonal logic is exercised, with the divisibility each backward kernel needs.
 INTERPRETER_FAST_CONFIGS = {"fast_fwd": _c(32, 16, 1, 1), "fast_dq": _c(32, 16, 1, 1),
-                            "fast_dkdv": _c(16, 32, 1, 1)}
+                            "fast_dkdv": _c(16, 32, 1, 1), "fast_dk": _c(16, 32, 1, 1), "fast_dv": _c(16, 32, 1, 1)}
 
 # Candidates per kernel, best first. The last of each list is small enough for D = 256 or a
 # 64 KB-shared-memory GPU.
@@ -82,6 +82,12 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     "fast_dkdv": [_c(64, 128, 8, 2), _c(32, 128, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 3),
                   _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(64, 128, 8, 3), _c(32, 32, 4, 3), _c(32, 32, 4, 2),
                   _c(32, 64, 4, 1)],
+    # dK and dV by a launch each, at a padded head dim of 256 (``fast.tuning.dkdv_parts``): one
+    # fp32 accumulator of [BLOCK_N, 256] leaves room for taller tiles with one stage
+    "fast_dk": [_c(64, 128, 8, 1), _c(16, 64, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 2), _c(32, 32, 4, 2),
+                _c(32, 64, 4, 1)],
+    "fast_dv": [_c(32, 64, 4, 2), _c(16, 64, 4, 3), _c(64, 128, 8, 1), _c(64, 64, 4, 2), _c(32, 32, 4, 2),
+                _c(32, 64, 4, 1)],
     # lazy attention (its dQ kernel sums dBias along the diagonals of square tiles)
     "lazy_fwd": [_c(128, 64, 8, 3), _c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
     "lazy_pre": [_c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
@@ -104,6 +110,10 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
     # 64 x 128 / 8 / 2), 64 x 128 / 8 / 2 at D=192 (1.55 against 1.94 for 32 x 64)
     ("fast_dq", 160): _c(128, 64, 8, 2), ("fast_dkdv", 160): _c(32, 64, 4, 3),
     ("fast_dq", 192): _c(128, 64, 8, 2), ("fast_dkdv", 192): _c(64, 128, 8, 2),
+    # dK and dV by a launch each at D = 256, from an H100 sweep (2026-11-24, bf16, B=4 H=8 S=4096,
+    # ms with delta, causal or not): dK 64 x 128 / 8 / 1 stage (1.98, 1.31; 32 x 32: 4.34, 2.44),
+    # dV 32 x 64 / 4 / 2 (1.43, 0.80)
+    ("fast_dk", 256): _c(64, 128, 8, 1), ("fast_dv", 256): _c(32, 64, 4, 2),
 }
 
 #: The fast kernels with fp32 inputs (three TF32 products per product, fp32 tiles of twice the
@@ -136,7 +146,7 @@ FP32_CANDIDATES: dict[str, list[KernelConfig]] = {
 
 #: What each kernel keeps in shared memory looks like one of three layouts (see below).
 LAYOUT = {"fwd": "fwd", "dq": "dq", "dkdv": "dkdv", "delta": "delta",
-          "fast_fwd": "fwd", "fast_dq": "dq", "fast_dkdv": "dkdv",
+          "fast_fwd": "fwd", "fast_dq": "dq", "fast_dkdv": "dkdv", "fast_dk": "dkdv", "fast_dv": "dkdv",
           "lazy_fwd": "fwd", "lazy_pre": "dq", "lazy_dq": "dq", "lazy_dkdv": "dkdv"}
 
 

@@ -39,6 +39,18 @@ def test_split_head_dim_configs_fit_its_real_width(kernel, head_dim, limit):
     assert configs.fitting(kernel, head_dim, 2, limit) == configs.fitting(kernel, 256, 2, limit)   # unsplit: padded
 
 
+@pytest.mark.parametrize("limit", [64 * 1024, 99 * 1024, 227 * 1024], ids=lambda b: f"{b // 1024}KB")
+@pytest.mark.parametrize("kernel", ["fast_dk", "fast_dv"])
+def test_dk_and_dv_apart_get_their_own_tiles(kernel, limit):
+    """At a 256-column tile dK and dV are two launches (``fast.tuning.dkdv_parts``), each with its
+    H100 choice first where it fits, and something that fits on smaller GPUs."""
+    chosen = configs.fitting(kernel, 256, 2, limit)
+    assert all(configs.shared_memory_estimate(kernel, c, 256, 2) <= limit for c in chosen) \
+        or chosen == (configs.CANDIDATES[kernel][-1],)
+    if limit == 227 * 1024:
+        assert chosen[0] == configs.PREFERRED[(kernel, 256)]
+
+
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv", "fast_fwd", "fast_dq", "fast_dkdv"])
 def test_64KB_gets_a_config_that_fits_up_to_D128(kernel):
     for head_dim in (64, 128):
@@ -75,7 +87,7 @@ def test_cap_lowers_the_device_limit(monkeypatch):
 def test_fast_candidates_respect_the_divisibility_the_kernels_need():
     for c in configs.CANDIDATES["fast_dq"]:
         assert c.BLOCK_M % c.BLOCK_N == 0, c
-    for c in configs.CANDIDATES["fast_dkdv"]:
+    for c in configs.CANDIDATES["fast_dkdv"] + configs.CANDIDATES["fast_dk"] + configs.CANDIDATES["fast_dv"]:
         assert c.BLOCK_N % c.BLOCK_M == 0, c
     with pytest.raises(ValueError, match="divide"):
         tuning._check_divisibility("dkdv", KernelConfig(64, 32))

@@ -24,6 +24,7 @@ SHAPES = [  # (B, H, H_kv, S_q, S_k, D)
     (1, 2, 1, 45, 70, 160),      # the backward's split head dim: 128 columns + a tail of 32
     (1, 2, 2, 70, 45, 136),      # a tail of 16 columns, 8 of them past D (masked)
     (1, 4, 2, 40, 40, 184),      # a tail of 64 columns, 56 of them real
+    (1, 2, 1, 45, 38, 200),      # padded to 256: dK and dV by a launch each (DKDV_PART)
 ]
 if ON_GPU:
     SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 777, 1500, 128), (1, 2, 2, 300, 300, 256),
@@ -102,10 +103,55 @@ def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail):
     lse = torch.randn(1, 2, 8, device=q.device)
     for fused in (False, True):
         backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, fused=fused)
-    assert launched["dq"]["BLOCK_D_TAIL"] == launched["dkdv"]["BLOCK_D_TAIL"] == tail
+    dkdv = "dkdv" if tail or D <= 128 else "dk"      # a 256-column tile: dK and dV apart (next test)
+    assert launched["dq"]["BLOCK_D_TAIL"] == launched[dkdv]["BLOCK_D_TAIL"] == tail
     assert launched["fused"]["BLOCK_D_TAIL"] == 0 and launched["fused"]["BLOCK_D"] >= D
     if tail:
         assert all(launched[n]["BLOCK_D"] == 128 and not launched[n]["PAD_D"] for n in ("dq", "dkdv"))
+
+
+@pytest.mark.parametrize("D, switch, launches", [(256, None, ["dk", "dv"]), (200, None, ["dk", "dv"]),
+                                                 (192, None, ["dkdv"]), (128, None, ["dkdv"]),
+                                                 (256, "0", ["dkdv"])])
+def test_dk_and_dv_launched_apart_at_head_dim_256(monkeypatch, D, switch, launches):
+    """A padded head dim of 256: the dK/dV kernel runs twice, DKDV_PART 1 (dK) then 2 (dV), each
+    with its own tiles; one launch of both elsewhere, with FLASHATTN_SPLIT_DKDV=0, and fused."""
+    from flashattn.fast import backward, tuning
+
+    launched = []
+    monkeypatch.setattr(tuning, "run", lambda name, raw, tuned, grid, args, meta, **kw: launched.append((name, meta)))
+    if switch is not None:
+        monkeypatch.setenv(tuning.SPLIT_DKDV_ENV, switch)
+    q, k, v, o, do = (rand(1, 2, 8, D, dtype=FAST_DTYPES[0]) for _ in range(5))
+    lse = torch.randn(1, 2, 8, device=q.device)
+    backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, needs_dq=False)
+    assert [name for name, _ in launched] == launches
+    assert [meta["DKDV_PART"] for _, meta in launched] == [tuning.DKDV_PART[n] for n in launches]
+    launched.clear()
+    backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, fused=True)
+    assert [(name, meta["DKDV_PART"]) for name, meta in launched] == [("fused", 0)]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dk_and_dv_apart_agree_with_one_launch(monkeypatch, causal):
+    """D = 232 (padded to 256): the two launches (dK only, dV only) against one launch of both
+    (FLASHATTN_SPLIT_DKDV=0), GQA, S_q != S_k, outputs poisoned with NaN: each launch writes every
+    element of its gradient, and the same sums come out (on a GPU in other tiles' order)."""
+    from flashattn import runtime
+    from flashattn.fast import fast_attention_backward, fast_attention_forward, tuning
+
+    monkeypatch.setattr(runtime, "_poison", True)
+    dtype = FAST_DTYPES[0]
+    q, do = rand(1, 4, 37, 232, dtype=dtype, layout="bshd"), rand(1, 4, 37, 232, dtype=dtype)
+    k, v = rand(1, 2, 50, 232, dtype=dtype), rand(1, 2, 50, 232, dtype=dtype, layout="sliced")
+    o, lse = fast_attention_forward(q, k, v, causal, 232 ** -0.5)
+    assert tuning.dkdv_parts(232, False) == ("dk", "dv")
+    apart = fast_attention_backward(q, k, v, o, do, lse, causal, 232 ** -0.5, needs_dq=False)
+    monkeypatch.setenv(tuning.SPLIT_DKDV_ENV, "0")
+    together = fast_attention_backward(q, k, v, o, do, lse, causal, 232 ** -0.5, needs_dq=False)
+    for name, a, b in zip(("dK", "dV"), apart[1:], together[1:]):
+        assert torch.isfinite(a).all(), name
+        assert_close_per_head(name, a, b, TOL[dtype])     # (on a GPU each launch has its own tiles)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -21,14 +21,18 @@ padded to 256 columns but held as two tiles, a main one of ``BLOCK_D`` = 128 col
 and a tail of ``BLOCK_D_TAIL`` = next_power_of_2(D - 128) columns (32 for D=160, 64 for D=192,
 masked past D where D - 128 is not a power of two): 160 or 192 columns of work, not 256.
 ``BLOCK_D_TAIL = 0`` compiles the kernels as before (``FLASHATTN_SPLIT_D=0`` forces that).
+
+**dK and dV apart** (``DKDV_PART``: 0 both, 1 dK only, 2 dV only): at a 256-column tile the
+dK/dV kernel is launched twice (``tuning.dkdv_parts``), so that each program holds one fp32
+accumulator of [BLOCK_N, 256] instead of two and can run taller tiles; S is recomputed once more.
 """
 from __future__ import annotations
 
 import torch
+
 import triton
 import triton.language as tl
 
-from .. import runtime
 from ..backward import attention_backward_delta
 from . import tuning
 from ..features import dropout_keep, dropout_threshold, sequence_bounds
@@ -195,8 +199,8 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                 MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                 PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                TMA_STATS: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, PAD_T: tl.constexpr):
-    """dK += dS^T Q, dV += P^T dO over query blocks [lo, hi). Split head dim (BLOCK_D_TAIL > 0,
+                TMA_STATS: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, PAD_T: tl.constexpr, PART: tl.constexpr):
+    """dK += dS^T Q, dV += P^T dO over query blocks [lo, hi) (PART 1: dK only, 2: dV only). Split head dim (BLOCK_D_TAIL > 0,
     never with TMA or FUSED_DQ): the tail columns ride along as *_t tiles; S^T = K Q^T and
     dP^T = V dO^T sum a main and a tail dot, dK and dV get one dot per part (dk, dk_t; dv, dv_t)."""
     for start_m in range(lo, hi, BLOCK_M):
@@ -234,17 +238,20 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             pzT = tl.where(keepT, pT, 0.0).to(do.dtype)
         else:
             pzT = pT.to(do.dtype)
-        dv += tl.dot(pzT, do, input_precision=DOT_PRECISION)
-        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-        if BLOCK_D_TAIL > 0:
-            dv_t += tl.dot(pzT, do_t, input_precision=DOT_PRECISION)
-            dpT = tl.dot(v_t, tl.trans(do_t), acc=dpT, input_precision=DOT_PRECISION)
-        if DROPOUT:
-            dpT = tl.where(keepT, dpT * keep_scale, 0.0)
-        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-        dk += tl.dot(dsT, q, input_precision=DOT_PRECISION)
-        if BLOCK_D_TAIL > 0:
-            dk_t += tl.dot(dsT, q_t, input_precision=DOT_PRECISION)
+        if PART != 1:
+            dv += tl.dot(pzT, do, input_precision=DOT_PRECISION)
+            if BLOCK_D_TAIL > 0:
+                dv_t += tl.dot(pzT, do_t, input_precision=DOT_PRECISION)
+        if PART != 2:
+            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+            if BLOCK_D_TAIL > 0:
+                dpT = tl.dot(v_t, tl.trans(do_t), acc=dpT, input_precision=DOT_PRECISION)
+            if DROPOUT:
+                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
+            dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+            dk += tl.dot(dsT, q, input_precision=DOT_PRECISION)
+            if BLOCK_D_TAIL > 0:
+                dk_t += tl.dot(dsT, q_t, input_precision=DOT_PRECISION)
         if FUSED_DQ:   # this tile's share of dQ = dS K * scale, added into the fp32 buffer
             dq_part = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION) * scale
             tl.atomic_add(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], dq_part,
@@ -268,6 +275,7 @@ def fast_dkdv_kernel(
     PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     TMA: tl.constexpr = False, TMA_STATS: tl.constexpr = False, BLOCK_D_TAIL: tl.constexpr = 0,
+    DKDV_PART: tl.constexpr = 0,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -338,21 +346,21 @@ def fast_dkdv_kernel(
                 offs_n, offs_d, d_ok, offs_t, t_ok, lo, free_lo, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART)
             dk, dv, dk_t, dv_t = _dkdv_tiles(
                 dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                 offs_n, offs_d, d_ok, offs_t, t_ok, free_lo, free_hi, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART)
             dk, dv, dk_t, dv_t = _dkdv_tiles(
                 dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                 offs_n, offs_d, d_ok, offs_t, t_ok, free_hi, hi, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART)
         else:
             if CAUSAL:
                 # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
@@ -364,7 +372,7 @@ def fast_dkdv_kernel(
                     offs_n, offs_d, d_ok, offs_t, t_ok, start_n, diag_end, S_q, qk_scale, scale,
                     start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                    BLOCK_D_TAIL, PAD_T)
+                    BLOCK_D_TAIL, PAD_T, DKDV_PART)
                 first_free = start_n + BLOCK_N
             else:
                 first_free = 0
@@ -374,26 +382,28 @@ def fast_dkdv_kernel(
                 offs_n, offs_d, d_ok, offs_t, t_ok, first_free, q_end, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART)
 
-    if DROPOUT:
-        dv = dv * keep_scale
-    store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
-               col_ok, d_ok, PAD_D)
-    store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
-               col_ok, d_ok, PAD_D)
-    if BLOCK_D_TAIL > 0:
+    if DKDV_PART != 2:
+        store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+                   col_ok, d_ok, PAD_D)
+        if BLOCK_D_TAIL > 0:
+            store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_t[None, :],
+                       (dk_t * scale).to(DK.dtype.element_ty), col_ok, t_ok, PAD_T)
+    if DKDV_PART != 1:
         if DROPOUT:
+            dv = dv * keep_scale
             dv_t = dv_t * keep_scale
-        store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_t[None, :], (dk_t * scale).to(DK.dtype.element_ty),
-                   col_ok, t_ok, PAD_T)
-        store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_t[None, :], dv_t.to(DV.dtype.element_ty),
-                   col_ok, t_ok, PAD_T)
+        store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
+                   col_ok, d_ok, PAD_D)
+        if BLOCK_D_TAIL > 0:
+            store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_t[None, :], dv_t.to(DV.dtype.element_ty),
+                       col_ok, t_ok, PAD_T)
 
 
 _tuned_dq = tuning.autotuned(fast_dq_kernel, "dq")
-_tuned_dkdv = tuning.autotuned(fast_dkdv_kernel, "dkdv")
-_tuned_fused = tuning.autotuned(fast_dkdv_kernel, "fused", reset_to_zero=["DQ_ACC"])
+_TUNED = {name: tuning.autotuned(fast_dkdv_kernel, name, reset_to_zero=["DQ_ACC"] if name == "fused" else None)
+          for name in ("dkdv", "fused", "dk", "dv")}     # one autotuner per launch: DKDV_PART is not in its key
 
 
 def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
@@ -450,10 +460,12 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
         args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common,
                 *strides(dk)[:3], *strides(dv)[:3], *strides(dq_acc)[:3],
                 H_kv, H // H_kv, S_q, S_k, scale, *features)
-        tuning.run("fused" if fused else "dkdv", fast_dkdv_kernel, _tuned_fused if fused else _tuned_dkdv,
-                   lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv), args,
-                   dict(meta, **split, FUSED_DQ=fused, TMA=tma, TMA_STATS=tma_stats),
-                   config=config, warmup=warmup)
+        parts = tuning.dkdv_parts(D, fused)    # D > 192: dK and dV by a launch each
+        assert not (tma and len(parts) > 1), "TMA loads are for D = 128 only; dK, dV are split at D > 192"
+        for name in parts:
+            tuning.run(name, fast_dkdv_kernel, _TUNED[name], lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv),
+                       args, dict(meta, **split, FUSED_DQ=fused, TMA=tma, TMA_STATS=tma_stats,
+                                  DKDV_PART=tuning.DKDV_PART[name]), config=config, warmup=warmup)
         if fused and not warmup:
             dq = dq_acc.to(q.dtype)
     return dq, dk, dv

@@ -24,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import runtime
 from ..features import dropout_keep, dropout_threshold, sequence_bounds
 from . import tuning
 from .tuning import LN2, LOG2E
@@ -209,7 +208,7 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
     Lesson 09's features (``flashattn.beyond`` validates and passes them): ``layout`` (a
     ``beyond.kernels.Layout``: packed batches), ``window_args`` = (on, LEFT, RIGHT) with causal
     folded in (then ``causal`` is False), ``dropout_p`` and ``seed``."""
-    H, D = q.shape[1], q.shape[3]
+    H = q.shape[1]
     H_kv = k.shape[1]
     windowed, left, right = window_args
     if layout is None:
