@@ -90,6 +90,13 @@ EDITS = [
      '    P = torch.exp(S - lse[..., None])\n    if causal:\n'
      '        P = P.masked_fill(~causal_mask(P.shape[-2], P.shape[-1], P.device), float("-inf"))\n    return P',
      "p_hidden_neg_inf", "-inf belongs on S"),
+    ("02p", "torch.exp(S - lse[..., None])", "torch.exp(S - lse.expand_as(S))", "exception", "trailing"),
+    ("03", "        k = tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d,\n"
+           "                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)",
+     "        k = tl.trans(tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d,\n"
+     "                    mask=col_ok[:, None] & d_ok[None, :], other=0.0))", "exception", "loaded transposed"),
+    ("04", "            dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)",
+     "        dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)", "exception", "indent it"),
     ("02o", "for start in range(0, S_k, block_n):", "for start in range(0, S_k - block_n + 1, block_n):",
      "online_drop_partial", "only full blocks"),
     ("02o", "(m + torch.log(l)).squeeze(-1)", "(m + torch.log(l)).squeeze()", "shape", "squeeze(-1)"),

@@ -178,6 +178,12 @@ def _assignment_idea(r) -> Optional[str]:
         return None
     target, value = ([int(x) for x in g.split(",") if x.strip()] for g in m.groups())
     line = r.error_where.split(" -> ", 1)[-1] if r.error_where else "the line shown"
+    if "expand" in line and len(value) < len(target):
+        return (f"`{line}` expands a tensor shaped {value} to {target}. expand/expand_as line up the *trailing* "
+                f"dimensions, as broadcasting does: the value's last axis ({value[-1]}) is put under the target's "
+                f"last ({target[-1]}). A statistic per query row (LSE, the row max, delta) needs an axis of "
+                f"size 1 for the keys first -- lse[..., None] or lse.unsqueeze(-1) -- and then it broadcasts "
+                f"by itself, no expand needed.")
     if sorted(target) == sorted(value) and target != value:
         return (f"`{line}` writes a value shaped {value} into a slice shaped {target}: the same sizes in another "
                 f"order. The value's axes must be put back in the output's order first -- a tensor computed "
