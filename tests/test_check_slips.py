@@ -91,6 +91,16 @@ EDITS = [
      '        P = P.masked_fill(~causal_mask(P.shape[-2], P.shape[-1], P.device), float("-inf"))\n    return P',
      "p_hidden_neg_inf", "-inf belongs on S"),
     ("02p", "torch.exp(S - lse[..., None])", "torch.exp(S - lse.expand_as(S))", "exception", "trailing"),
+    # blind set P: float32 inside float64, a bare squeeze, an output copied, strides borrowed
+    ("09b", "lse[qs].T, keep, dropout_p, seen, scale)", "lse[qs].T.float(), keep, dropout_p, seen, scale)",
+     "float32_rounding", "`lse[qs].T.float()"),
+    ("02p", "return torch.exp(S - lse[..., None])", "return torch.exp(S - lse.squeeze()[..., None])", "shape",
+     "squeezes without naming an axis"),
+    ("03", "    B, H, S_q, D = q.shape\n    H_kv, S_k = k.shape[1], k.shape[2]\n",
+     "    dq = dq.contiguous()\n    B, H, S_q, D = q.shape\n    H_kv, S_k = k.shape[1], k.shape[2]\n",
+     "output_copy", "not the one handed in"),
+    ("04", "*lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(),",
+     "*lse.stride(), *delta.stride(), *dk.stride(), *dk.stride(),", "borrowed_strides", "which are dK's"),
     ("03", "        k = tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d,\n"
            "                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)",
      "        k = tl.trans(tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d,\n"

@@ -203,16 +203,17 @@ def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
 
     ``launch(q, k, v, do, lse, delta, dq, causal, scale) -> None`` must launch your kernel and
     write dQ into ``dq`` (allocated here, ``[B, H, S_q, D]`` like q, filled with a marked NaN so
-    that unwritten elements show). ``lse`` and ``delta`` ``[B, H, S_q]`` are the forward's LSE
-    and rowsum(dO * O) in fp32; every tensor may be non-contiguous (dO even of stride 0), so
-    pass each one's own ``.stride()``. Inputs are fp32 in the interpreter, fp16 on a GPU.
+    that unwritten elements show; in one case a non-contiguous view, written through its
+    strides). ``lse`` and ``delta`` ``[B, H, S_q]`` are the forward's LSE and rowsum(dO * O) in
+    fp32; every tensor may be non-contiguous (dO even of stride 0), so pass each one's own
+    ``.stride()``. Inputs are fp32 in the interpreter, fp16 on a GPU.
     ``kernel_language="cuda"`` for a launcher of a CUDA C++ kernel (the check that a kernel
     ran then looks for CUDA kernels instead of Triton ones).
     """
     language = _check_language(kernel_language)
 
     def run_case(case, x):
-        out = Output(x.q.shape, x.q.dtype, x.q.device)
+        out = Output(x.q.shape, x.q.dtype, x.q.device, case.out_layout)
         record: list = []
         n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, out.tensor, case.causal,
                      case.scale_value, record=record, names=_handed(x, dQ=out.tensor))
@@ -240,7 +241,7 @@ def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fals
 
     def run_case(case, x):
         dk = Output(x.k.shape, x.k.dtype, x.k.device)
-        dv = Output(x.v.shape, x.v.dtype, x.v.device)
+        dv = Output(x.v.shape, x.v.dtype, x.v.device, case.out_layout)
         record: list = []
         n = launched(launch, language, x.q, x.k, x.v, x.do, x.lse, x.delta, dk.tensor, dv.tensor,
                      case.causal, case.scale_value, record=record,

@@ -38,6 +38,8 @@ class Case:
     ``repeat``: run twice and compare the bits (catches run-to-run differences).
     ``block_n``: for the online-softmax checker, the key block size handed to the function.
     ``requires``: for the autograd checker, which of q, k, v require grad.
+    ``out_layout``: for the kernel checkers, the layout of the output handed to the launcher
+    (dQ; dV, while dK stays contiguous, so that their strides differ).
     """
 
     name: str
@@ -57,6 +59,7 @@ class Case:
     requires: str = "qkv"
     dtype: Optional[torch.dtype] = None      # overrides the checker's dtype for this case
     scale_none: bool = False                 # autograd: call fn(..., scale=None), the default scale
+    out_layout: str = "contiguous"           # kernels: dQ (dV) handed as a "bshd" view, dK contiguous
 
     @property
     def heads_kv(self) -> int:
@@ -77,6 +80,14 @@ class Case:
     def shape_text(self) -> str:
         heads = f"H{self.H}" if self.H_kv in (None, self.H) else f"H{self.H}/{self.H_kv}"
         return f"B{self.B} {heads} S{self.S_q}x{self.S_k} D{self.D}"
+
+    def output_strides(self, like: str) -> tuple:
+        """The strides of the output shaped like ``like`` (q, k or v) that a kernel checker hands
+        over: contiguous, but dQ and dV as [B, S, H, D] views where ``out_layout`` is "bshd"."""
+        H, S = (self.H, self.S_q) if like == "q" else (self.heads_kv, self.S_k)
+        if self.out_layout == "bshd" and like != "k":
+            return (H * S * self.D, self.D, H * self.D, 1)
+        return (H * S * self.D, S * self.D, self.D, 1)
 
     def strides(self) -> dict:
         """name -> (b, h, s, d) strides of q, k, v, do in this case's layouts (no memory used)."""
@@ -134,6 +145,8 @@ BATTERY: tuple[Case, ...] = (
     _c("S_q < S_k, odd lengths", 1, 2, 21, 45, 32, False, layout=("padded_seq",) * 3,
        do_layout="padded_seq", stats_padded=True),
     _c("fp16 inputs", 1, 2, 40, 40, 32, True, dtype=torch.float16),
+    # two sequences of one head each: a size-1 axis that is not the batch's (.squeeze() drops it)
+    _c("two sequences, one head", 2, 1, 20, 28, 16, False),
 )
 
 #: The kernel checkers' battery: a head dim that is not a power of two as well. Kernels pad D
@@ -143,6 +156,8 @@ KERNEL_BATTERY: tuple[Case, ...] = BATTERY + (
     _c("head dim 24 (BLOCK_D 32)", 1, 2, 64, 64, 24, False),
     # a kernel that steps LSE and delta by 1 instead of their own stride reads the gaps
     _c("LSE and delta strided", 1, 2, 24, 24, 16, False, stats_padded="strided"),
+    # the output handed as a non-contiguous view: written through its own strides, not a copy
+    _c("strided outputs", 1, 2, 24, 24, 16, False, out_layout="bshd"),
 )
 
 #: The PyTorch backward exercise (01) in the dtype it asks for: every case but the fp16 one.
@@ -285,11 +300,15 @@ def make_stats(values: torch.Tensor, padded: bool, guard: float = math.nan, step
 class Output:
     """An output tensor filled with the poison, followed in memory by a poisoned guard."""
 
-    def __init__(self, shape, dtype, device):
+    def __init__(self, shape, dtype, device, layout: str = "contiguous"):
         n = math.prod(shape)
         self.n = n
         self.buf = fill_poison(torch.empty(n + 4096, dtype=dtype, device=device))
-        self.tensor = self.buf[:n].view(shape)
+        if layout == "bshd":     # [B, H, S, D] as a view of a [B, S, H, D] buffer: not contiguous
+            B, H, S, D = shape
+            self.tensor = self.buf[:n].view(B, S, H, D).transpose(1, 2)
+        else:
+            self.tensor = self.buf[:n].view(shape)
 
     def guard_touched(self) -> int:
         return int((~is_poison(self.buf[self.n:])).sum())

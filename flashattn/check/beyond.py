@@ -479,4 +479,4 @@ def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
 
     return run_battery("check.beyond_backward", fn, BEYOND_CASES, run_case, kind="beyond", dtype=torch.float64,
                        seed=0, with_do=True, raise_on_fail=raise_on_fail, show=show,
-                       variants=lambda case, x: _variants(case, x), make=_make, tol=1e-6)
+                       variants=lambda case, x: _variants(case, x), make=_make)

@@ -3,6 +3,8 @@ this point of the order): heads, which outputs are wrong, which cases are wrong,
 was seen. The first that fits names the mistake."""
 from __future__ import annotations
 
+import re
+
 from .diagnose import _ranges, rule
 from .structure_rules import add as add_structure_rules
 from .structure_rules import seen_facts
@@ -24,6 +26,28 @@ def _precision_loss(r, t) -> bool:
         return False
     rows = t.row_err[t.row_err > 0]       # (rows no query reaches have no gradient, no error)
     return rows.numel() >= 2 and float((rows > 0.1 * rows.max()).double().mean()) >= 0.25
+
+
+@rule("float32_rounding", "a float64 computation carries float32's rounding: a step runs in float32",
+      "float32 keeps about 7 significant digits, float64 about 16: errors of 1e-8 to 1e-6 in a float64 "
+      "run are float32's rounding, not a wrong formula. Some step makes float32: .float() (float32 "
+      "exactly, not 'at least'), a cast to torch.float32 or to a float32 tensor's dtype, a bool or int "
+      "tensor divided by a Python number, torch.tensor / zeros / ones without dtype=. Keep every tensor "
+      "in the inputs' dtype (dtype=q.dtype, .to(q.dtype)).")
+def _float32_rounding(ctx):
+    if not ctx.failing or any(r.error is not None or r.oob_reads or r.wild for r in ctx.failing):
+        return None
+    bad = ctx.bad_tensors()
+    if not bad or not all(t.tol <= 1e-9 and t.finite and not t.unwritten and t.worst <= 1e-5 for _, t in bad):
+        return None
+    from .code_rules import _first_line
+
+    worst = max(bad, key=lambda rt: rt[1].worst)
+    line = _first_line(ctx, lambda c: re.search(r"\.float\(\)|float32|\.to\(\s*\w+\.dtype\s*\)|"
+                                                r"torch\.(?:tensor|zeros|ones|empty|full)\((?!.*dtype)", c))
+    return (f"every wrong output is within {worst[1].worst:.1e} of the float64 reference (tolerance "
+            f"{worst[1].tol:.0e}; largest in '{worst[0].case.name}' {worst[1].name}), in {len(ctx.failing)} of "
+            f"{len(ctx.results)} cases" + (f"; a line that can make float32: `{line}`" if line else ""))
 
 
 @rule("low_precision", "close to the right values but not within the tolerance: precision is lost",

@@ -94,10 +94,14 @@ def _properties() -> list:
                                   f"from {names[a]}'s", lambda c, a=a, b=b, d=d: _strides(c)[a][d] != _strides(c)[b][d]))
         props.append(Property(f"stride_{a}_{b}", f"the cases where {names[b]}'s strides differ from {names[a]}'s",
                               lambda c, a=a, b=b: _strides(c)[a] != _strides(c)[b]))
-    # an output stored with its input's strides fails exactly where that input is not contiguous
+    # an output stored with its input's strides fails exactly where the two are laid out unlike
+    # (the outputs are contiguous but in the 'strided outputs' case: dQ there, dV there, never dK)
     for a in ("q", "k", "v"):
-        props.append(Property(f"{a}_layout", f"the cases where {names[a]} is not contiguous",
-                              lambda c, a=a: c.layout["qkv".index(a)] != "contiguous"))
+        props.append(Property(f"{a}_layout", f"the cases where {names[a]} is laid out unlike the output",
+                              lambda c, a=a: c.layout["qkv".index(a)] != ("contiguous" if a == "k" else c.out_layout)))
+        for d, dim in dims.items():
+            props.append(Property(f"stride_{a}_out_{d}", f"the cases where the output's {dim} stride differs from "
+                                  f"{names[a]}'s", lambda c, a=a, d=d: _strides(c)[a][d] != c.output_strides(a)[d]))
     # each also split by the mask: a causal loop clamps its bounds, so some mistakes show only
     # without it (or only with it)
     derived = []

@@ -305,3 +305,57 @@ def _copy_strides(ctx):
     param, own, passed = found[id(hits[0])][0]
     return (f"in '{hits[0].case.name}' parameter {param} received a tensor that is not the one handed in (a copy) "
             f"with strides {own}, while its stride parameters received {passed}; {ctx.case_pattern()}")
+
+
+def _outputs_copied(r) -> list:
+    """The output parameters (dQ, dK, dV) that received a tensor other than the one handed in."""
+    return sorted({_tensor_param(p) for launch in r.launch_args or () for p in (launch.pointers or {})
+                   if _tensor_param(p) in ("dQ", "dK", "dV") and (launch.tensors or {}).get(p) is None})
+
+
+@rule("output_copy", "the kernel writes into a copy of the output, not into the output handed in",
+      "dq.contiguous() (like .clone(), .float(), .to(...)) is a new tensor wherever dq is not already "
+      "contiguous: the kernel fills the copy, and the dq the caller holds keeps its old contents. Pass "
+      "the output itself with its own strides (*dq.stride()): the kernel can write any layout.", kinds=KINDS)
+def _output_copy(ctx):
+    ran = [r for r in ctx.failing if r.error is None]
+    if not ran or not all(_outputs_copied(r) for r in ran) or any(_outputs_copied(r) for r in ctx.results if r.ok):
+        return None
+    names = _outputs_copied(ran[0])
+    return (f"in '{ran[0].case.name}' the kernel's {' and '.join(names)} parameter received a tensor that is not "
+            f"the one handed in (its address differs), and the output handed in was not written; the cases that "
+            f"pass hand contiguous outputs, where .contiguous() returns the tensor itself; {ctx.case_pattern()}")
+
+
+def _borrowed_strides(r) -> list:
+    """[(parameter, the tensor it got, its strides, what its stride parameters got, whose they are)]:
+    a handed tensor launched with another tensor's strides."""
+    out = []
+    for launch in r.launch_args or ():
+        strides, tensors = launch.strides or {}, launch.tensors or {}
+        for param, own in strides.items():
+            got = tensors.get(param)
+            passed = tuple(v for n, v in launch.args.items() if re.fullmatch(rf"stride_?{_bare(param)}_?[bhsdmn]", n))
+            if got is None or len(passed) != len(own) or passed == own:
+                continue
+            whose = [tensors[p] for p, st in strides.items() if st == passed and p != param and p in tensors]
+            output = lambda name: name in ("dQ", "dK", "dV")  # noqa: E731  (an output's likely donor: an output)
+            whose.sort(key=lambda name: output(name) != output(got))
+            said = f"{whose[0]}'s" if whose else ""
+            if whose and (param, got, own, passed, said) not in out:
+                out.append((param, got, own, passed, said))
+    return out
+
+
+@rule("borrowed_strides", "a tensor is launched with another tensor's strides",
+      "Each tensor's stride parameters must get that tensor's own .stride(): *dk.stride() for dK, "
+      "*dv.stride() for dV. Two tensors laid out alike hide the slip (their strides are equal), which "
+      "is why one case hands them in different layouts.", kinds=KINDS)
+def _borrowed_strides_rule(ctx):
+    ran = [r for r in ctx.failing if r.error is None]
+    found = {id(r): _borrowed_strides(r) for r in ran}
+    if not ran or not all(found.values()):
+        return None
+    param, got, own, passed, whose = found[id(ran[0])][0]
+    return (f"in '{ran[0].case.name}' parameter {param} received {got} (strides {own}) but its stride parameters "
+            f"received {passed}, which are {whose}; {ctx.case_pattern()}")

@@ -22,7 +22,8 @@ from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
-from .shape_names import aliased_buffers, lost_axes, returned_the_wrong_thing, shape_story
+from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, shape_story,
+                          squeeze_story, unpack_story)
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -105,7 +106,8 @@ def _dtype(ctx):
                 "torch.zeros(shape) (empty, ones) makes torch's default: float32, on the CPU. A buffer "
                 "the results are written into takes its input's dtype and device: torch.zeros_like(q), "
                 "or dtype=q.dtype, device=q.device.")
-    return f"case '{r.case.name}': {r.error}"
+    story = dtype_story(ctx, str(r.error))          # .float() on float64 inputs
+    return (f"case '{r.case.name}': {r.error}; `{story[0]}`", story[1]) if story else f"case '{r.case.name}': {r.error}"
 
 
 @rule("none_gradient", "a gradient came back None although its input requires grad",
@@ -144,7 +146,9 @@ def _shape(ctx):
     message = str(r.error)
     if r.error.idea:            # the place that raised knew the story (a float; K/V heads under GQA)
         return message, r.error.idea
-    returned = returned_the_wrong_thing(ctx, message)
+    if unpack_story(ctx):       # B, S_q, H, D = q.shape: the line rule shape_unpack_order names it
+        return None
+    returned = returned_the_wrong_thing(ctx, message) or squeeze_story(ctx, r.case)
     if returned:
         return message, returned
     aliased = aliased_buffers(ctx)
@@ -342,11 +346,9 @@ _STRIDE_ID = re.compile(r"^stride_(\w+?)_(\w+?)(?:_\d)?$|^[qkv]_layout$")
 
 
 def _unlike_contiguous(case, name: str, dims) -> bool:
-    """Whether input ``name``'s strides in ``dims`` differ from those of a contiguous tensor of
-    its shape (the outputs a checker hands over are contiguous)."""
-    H, S, D = case.H if name == "q" else case.heads_kv, case.S_q if name == "q" else case.S_k, case.D
-    own, contiguous = case.strides()[name], (H * S * D, S * D, D, 1)
-    return any(own[d] != contiguous[d] for d in dims)
+    """Whether input ``name``'s strides in ``dims`` differ from those of the output of its shape
+    the checker hands over (contiguous, or for dQ and dV in one case a [B, S, H, D] view)."""
+    return any(case.strides()[name][d] != case.output_strides(name)[d] for d in dims)
 
 
 @rule("stride", "a tensor is addressed with another tensor's strides",
@@ -365,13 +367,13 @@ def _stride(ctx):
         source = next((n for dims in ((2,), (3,), (1,), (0,), (0, 1, 2, 3)) for n in ("Q", "K", "V")
                        if failing == {id(x) for x in ctx.results if _unlike_contiguous(x.case, n.lower(), dims)}),
                       None)
-        where = (f"exactly the cases where {source}'s strides differ from those of the (contiguous) output fail"
+        where = (f"exactly the cases where {source}'s strides differ from those of the output fail"
                  if source else f"{len(ctx.failing)} of {len(ctx.results)} cases fail "
                  f"({ctx.names_of(ctx.failing)}), each with an input laid out unlike the output")
         return (f"{where}; in '{r.case.name}' {t.unwritten} elements of {t.name} never written and "
                 f"{t.guard_touched} written past its end: {t.name} is stored with "
                 f"{source + chr(39) + 's' if source else 'an input' + chr(39) + 's'} strides (the output "
-                f"is allocated contiguous; use its own, stride_{t.name.lower()}_*)")
+                f"has strides of its own; use them, stride_{t.name.lower()}_*)")
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}"
 
 

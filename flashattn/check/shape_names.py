@@ -169,3 +169,41 @@ def returned_the_wrong_thing(ctx, message: str):
                 "return o, and put what the backward needs besides (the LSE) into "
                 "ctx.save_for_backward.")
     return None
+
+
+def dtype_story(ctx, message: str):
+    """(the line, the idea) where float64 inputs came back float32 and the code has a .float()."""
+    from .code_rules import _first_line
+
+    if "expected torch.float64" not in message:
+        return None
+    line = _first_line(ctx, lambda c: re.search(r"\.float\(\)|torch\.float32\b", c))
+    return line and (line, ".float() means float32 exactly, not 'at least float32': on float64 inputs it "
+                           "rounds every value to float32, and what is computed from it comes back float32. "
+                           "Compute in the inputs' dtype, or promote: x.to(torch.promote_types(x.dtype, "
+                           "torch.float32)).")
+
+
+def squeeze_story(ctx, case) -> Optional[str]:
+    """The idea where the code squeezes without naming an axis and this case has another axis
+    of size 1 than the one meant: .squeeze() drops them all."""
+    from .code_rules import _first_line
+
+    line = _first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)|torch\.squeeze\(\s*[\w.\[\]]+\s*\)", c))
+    ones = [n for n, v in (("B", case.B), ("H", case.H), ("S_q", case.S_q), ("S_k", case.S_k)) if v == 1]
+    if not line or not ones:
+        return None
+    return (f"`{line}` squeezes without naming an axis: .squeeze() removes *every* axis of size 1, and in case "
+            f"'{case.name}' {' and '.join(ones)} {'is' if len(ones) == 1 else 'are'} 1 too, so that axis goes as "
+            f"well and the rest broadcast against the wrong dimensions. Name the axis: .squeeze(-1) (or index "
+            f"it away, x[..., 0]).")
+
+
+def unpack_story(ctx) -> Optional[str]:
+    """The line that unpacks a shape in another order than the axes (what line_slips'
+    shape_unpack_order names), or None."""
+    from .code_rules import _first_line
+    from .line_slips import _shape_unpacked_out_of_order
+
+    return _first_line(ctx, _shape_unpacked_out_of_order)
+
