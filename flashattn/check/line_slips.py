@@ -226,3 +226,74 @@ line_rule("row_vector_as_column", "a per-row vector is loaded as a column: [BLOC
           "offs_m[:, None] they are already a column [BLOCK_M, 1], and the lse[:, None] that meets the "
           "[BLOCK_M, BLOCK_N] tile makes a third axis, which tl.dot refuses.", kinds=("dq", "dkdv"),
           test=lambda c: re.search(r"^(?:lse|delta|m_i|l_i)\w*\s*=\s*tl\.load\(.*offs_\w+\[:,\s*None\]", c) is not None)
+
+
+# --------------------------------------------------------------------------------------
+# blind set P: Python, PyTorch and Triton calls that do something else than they look like
+# --------------------------------------------------------------------------------------
+_INPUTS = ("q", "k", "v", "o", "do", "lse", "delta")
+_TORCH_KINDS = ("backward", "rebuild_p", "online_softmax", "lazy", "beyond", "autograd", "window")
+
+line_rule("mask_or", "a load or store mask joins its conditions with | (or): both must hold",
+          "A tile's mask keeps an element where *either* condition holds when the two are joined with |: "
+          "a row past the end with a valid column (or the reverse) is read from outside the tensor. Each "
+          "element needs both: row_ok[:, None] & d_ok[None, :].", kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"mask\s*=\s*[^,]*\[[^\]]*\]\s*\|\s*[\w.]+\s*\[", c) is not None)
+
+line_rule("operand_other_inf", "an operand tile is loaded with other=-inf",
+          "The masked-off elements of a q, k, v or dO tile enter a matrix product, where -inf times 0 "
+          "is NaN, which spreads to every score of the row. Operand tiles take other=0.0 (they then add "
+          "nothing); -inf belongs on the scores, before the softmax, and +inf on the LSE of padded rows.",
+          kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"other\s*=\s*(?:float\(\s*['\"]-inf|-\s*float\(\s*['\"]inf|-\s*math\.inf)", c)
+          is not None and "lse" not in c.lower())
+
+line_rule("inplace_transpose", "a tensor is transposed in place (transpose_): every later use sees it turned",
+          "x.transpose_(-1, -2) (and t_(), swapaxes_) turns x itself round and returns it: from that line "
+          "on, every use of x sees the transposed tensor. For a product with x^T write x.transpose(-1, -2), "
+          "without the underscore: a transposed view, x unchanged.", kinds=_TORCH_KINDS,
+          test=lambda c: any(m.group(1) not in _INPUTS     # (an input's: input_modified tells its shape)
+                             for m in re.finditer(r"\b(\w+)\.(?:transpose_|t_|swapaxes_|swapdims_)\(", c)))
+
+line_rule("reshape_for_transpose", "reshape (view) to the transposed shape is not a transpose",
+          "x.reshape(..., n, m) of an [..., m, n] tensor reads the same values in memory order into the new "
+          "shape: rows and columns get mixed, not swapped. A transpose is x.transpose(-1, -2) (x.mT).",
+          kinds=_TORCH_KINDS,
+          test=lambda c: re.search(r"\.(?:reshape|view)\([^)]*shape\[-1\]\s*,\s*[\w.]+\.shape\[-2\]", c) is not None)
+
+line_rule("transpose_of_vector", ".T of a 1-D tensor: it stays the same vector",
+          "A 1-D tensor has no second axis to swap: its .T (.mT, .t()) is the same vector, still lined up "
+          "with the last axis when it broadcasts. A column needs an axis of its own: torch.arange(S_q)[:, None] "
+          "(or .unsqueeze(-1)).", kinds=_TORCH_KINDS,
+          test=lambda c: re.search(r"arange\([^()]*(?:\([^()]*\)[^()]*)*\)\s*\.(?:T|mT|t\(\))(?!\w)", c) is not None)
+
+line_rule("gradients_as_list", "backward returns a list: autograd counts it as one value",
+          "autograd reads backward's result as a tuple of one gradient per input of forward; a list is one "
+          "object, so it counts as one gradient (\"expected 5, got 1\"). Return a tuple: "
+          "return dq, dk, dv, None, None.", kinds=("autograd",),
+          test=lambda c: re.match(r"return\s*\[", c) is not None)
+
+line_rule("expm1_for_exp", "expm1 where exp belongs: e^x - 1",
+          "torch.expm1(x) is e^x - 1 (made for precision near x = 0), not e^x: every P comes out 1 too small "
+          "and the hidden keys (x = -inf) get -1 instead of 0. P = torch.exp(S - lse[..., None]).",
+          kinds=_TORCH_KINDS, test=lambda c: "expm1(" in c)
+
+line_rule("invert_before_compare", "~ binds before the comparison: ~j < x is (~j) < x",
+          "Python applies ~ to the name next to it before any comparison, and on integers ~j is -j - 1: "
+          "~j < i - left compares -j - 1. Negate the whole comparison, ~(j < i - left), or write its "
+          "opposite, j >= i - left.", kinds=_TORCH_KINDS + ("dq", "dkdv"),
+          test=lambda c: re.search(r"~\s*[\w.\[\]]+\s*(?:<|>|<=|>=|==|!=)", c) is not None)
+
+line_rule("where_swapped", "tl.where / torch.where with 0 where the kept value belongs",
+          "where(cond, a, b) takes a where cond holds and b elsewhere: where(visible, 0.0, p) zeroes the "
+          "visible entries and keeps the hidden ones. The kept value comes first: where(visible, p, 0.0).",
+          kinds=KINDS, test=lambda c: re.search(
+              r"where\(\s*[\w.\[\]:, ]*(?:visible|ok|seen|keep|valid|mask|causal)[\w.\[\]:, ]*,\s*0(?:\.0*)?\s*,", c)
+          is not None)
+
+line_rule("inplace_on_input", "an input or saved tensor is changed in place (o.mul_(...))",
+          "o.mul_(do) multiplies O itself: the forward's output -- which the caller holds, and which backward "
+          "saved -- is overwritten on the way. An in-place method (the trailing _: mul_, add_, div_, exp_) "
+          "belongs only on tensors your code made; write o * do.", kinds=("autograd",),   # (the others watch their inputs)
+          test=lambda c: re.search(r"\b(?:o|q|k|v|do|lse|out|grad_out|dout)\.(?:mul_|add_|sub_|div_|exp_|clamp_|"
+                                   r"masked_fill_|copy_|zero_)\(", c) is not None)
