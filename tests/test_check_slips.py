@@ -125,9 +125,11 @@ EDITS = [
     ("03", "        k = tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d,\n"
            "                    mask=col_ok[:, None] & d_ok[None, :], other=0.0)",
      "        k = tl.trans(tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d,\n"
-     "                    mask=col_ok[:, None] & d_ok[None, :], other=0.0))", "exception", "loaded transposed"),
+     "                    mask=col_ok[:, None] & d_ok[None, :], other=0.0))", "tile_transposed_at_load",
+     "k = tl.trans(tl.load("),
     ("04", "            dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)",
-     "        dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)", "exception", "indent it"),
+     "        dk += tl.dot(dsT.to(q.dtype), q, input_precision=DOT_PRECISION)", "accumulation_after_loop",
+     "dk += tl.dot(dsT.to(q.dtype), q"),
     ("02o", "for start in range(0, S_k, block_n):", "for start in range(0, S_k - block_n + 1, block_n):",
      "online_drop_partial", "only full blocks"),
     ("02o", "(m + torch.log(l)).squeeze(-1)", "(m + torch.log(l)).squeeze()", "shape", "squeeze(-1)"),

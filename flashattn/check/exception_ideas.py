@@ -67,43 +67,13 @@ def _dot_idea(r) -> Optional[str]:
     """tl.dot with inner dimensions that differ: which operand needs tl.trans."""
     if not re.search(r"equal reduction dimensions|not compatible for matmul", str(r.error)):
         return None
-    shapes = _tile_shapes(r.error)
-    tiles = "; ".join(f"{n} {list(sh)}" for n, sh in shapes.items())
-    loaded = _loaded_transposed(r.error, shapes)
-    if loaded:
-        return loaded
+    tiles = "; ".join(f"{n} {list(sh)}" for n, sh in _tile_shapes(r.error).items())
     return ("A tl.dot's inner dimensions differ: tl.dot(a, b) multiplies a [M, K] by b [K, N]"
             + (f" (on the line shown: {tiles})" if tiles else "") + ". Every tile is loaded a row per "
             "position -- q, do [BLOCK_M, BLOCK_D]; k, v [BLOCK_N, BLOCK_D] -- so S = Q K^T is "
             "tl.dot(q, tl.trans(k)) and dP = dO V^T is tl.dot(do, tl.trans(v)), while dQ += dS K is "
             "tl.dot(ds, k). Where two block sizes happen to be equal the missing transpose runs and is "
             "silently wrong.")
-
-
-def _loaded_transposed(exc, shapes: dict) -> Optional[str]:
-    """A tile that came out of its load as [BLOCK_D, rows] (the head dim first): its offsets were
-    written the other way round, which no tl.trans in the dot can see."""
-    found = _learners_line(exc)
-    if found is None:
-        return None
-    blocks = {}
-    for n in ("BLOCK_M", "BLOCK_N", "BLOCK_D"):
-        try:
-            blocks[n] = int(getattr(found[0].f_locals.get(n), "value", found[0].f_locals.get(n)))
-        except (TypeError, ValueError):
-            pass
-    d = blocks.pop("BLOCK_D", None)
-    if d is None or d in blocks.values():
-        return None
-    row_block = {"q": "BLOCK_M", "do": "BLOCK_M", "k": "BLOCK_N", "v": "BLOCK_N"}
-    for name, sh in shapes.items():
-        rows = row_block.get(name)
-        if rows in blocks and len(sh) == 2 and sh == (d, blocks[rows]):
-            return (f"{name} is [{d}, {sh[1]}] = [BLOCK_D, {rows}]: it was loaded transposed, the head dim on "
-                    f"its rows (offs_d[:, None], or a tl.trans around the load). Load every tile a row per "
-                    f"position, [{rows}, BLOCK_D], as the other tiles are, and transpose in the product "
-                    f"that needs it: tl.dot(q, tl.trans(k)), while dQ += dS K is tl.dot(ds, k).")
-    return None
 
 
 def _scalar_tensor_idea(r) -> Optional[str]:

@@ -297,3 +297,43 @@ line_rule("inplace_on_input", "an input or saved tensor is changed in place (o.m
           "belongs only on tensors your code made; write o * do.", kinds=("autograd",),   # (the others watch their inputs)
           test=lambda c: re.search(r"\b(?:o|q|k|v|do|lse|out|grad_out|dout)\.(?:mul_|add_|sub_|div_|exp_|clamp_|"
                                    r"masked_fill_|copy_|zero_)\(", c) is not None)
+
+line_rule("tile_transposed_at_load", "an operand tile is transposed at its load: [BLOCK_D, rows]",
+          "Every tile is loaded a row per position -- q, dO [BLOCK_M, BLOCK_D]; k, v [BLOCK_N, BLOCK_D] -- "
+          "and turned round only inside the product that needs it: S = tl.dot(q, tl.trans(k)), while "
+          "dQ += dS K is tl.dot(ds, k) with k as loaded. A tile transposed at its load is [BLOCK_D, BLOCK_N] "
+          "for every later line, and the products that take it as loaded multiply the wrong axes.",
+          kinds=("dq", "dkdv"), test=lambda c: re.match(
+              r"(?:q|k|v|do)\s*=\s*(?:tl\.trans\(\s*tl\.load\(|tl\.load\(.*offs_d\[\s*:\s*,\s*None\s*\])", c)
+          is not None)
+
+
+def _accumulation_after_loop(src: str):
+    """The first ``x += ...`` placed right after a loop whose body assigns a name it reads: the
+    accumulation was dedented out of the loop (it then adds the last round's term only)."""
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for loop, after in zip(body, body[1:]):
+            if not (isinstance(loop, (ast.For, ast.While)) and isinstance(after, ast.AugAssign)
+                    and isinstance(after.op, ast.Add)):
+                continue
+            inside = {n.id for n in ast.walk(ast.Module(body=loop.body, type_ignores=[]))
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            if inside & {n.id for n in ast.walk(after.value) if isinstance(n, ast.Name)}:
+                return ast.get_source_segment(textwrap.dedent(src), after)
+    return None
+
+
+@rule("accumulation_after_loop", "an accumulation is placed after its loop, not in it: only the last round is added",
+      "`dk += ...` right after the loop, reading a tile the loop computes, runs once, after the loop has "
+      "finished: it adds the last round's term only (and where the loop ran no times, the tile does not "
+      "exist). A sum over the loop's rounds belongs in the loop's body: indent it.", kinds=KINDS)
+def _accumulation_after_loop_rule(ctx):
+    _, line = _first_found(ctx, _accumulation_after_loop)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
