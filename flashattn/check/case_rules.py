@@ -43,8 +43,8 @@ def _float32_rounding(ctx):
     from .code_rules import _first_line
 
     worst = max(bad, key=lambda rt: rt[1].worst)
-    line = _first_line(ctx, lambda c: re.search(r"\.float\(\)|float32|\.to\(\s*\w+\.dtype\s*\)|"
-                                                r"torch\.(?:tensor|zeros|ones|empty|full)\((?!.*dtype)", c))
+    line = _first_line(ctx, lambda c: re.search(r"\.float\(\)|float32|torch\.(?:tensor|zeros|ones|empty|full)\((?!.*dtype)",
+                                                c))
     return (f"every wrong output is within {worst[1].worst:.1e} of the float64 reference (tolerance "
             f"{worst[1].tol:.0e}; largest in '{worst[0].case.name}' {worst[1].name}), in {len(ctx.failing)} of "
             f"{len(ctx.results)} cases" + (f"; a line that can make float32: `{line}`" if line else ""))
