@@ -275,6 +275,11 @@ def _grid_missing_axis(ctx):
     return None
 
 
+def _stride_args(launch, param: str) -> tuple:
+    """What a launch passed as tensor parameter ``param``'s strides (stride_q_b, stride_qs, ...)."""
+    return tuple(v for n, v in launch.args.items() if re.fullmatch(rf"stride_?{_bare(param)}_?[bhsdmn]", n))
+
+
 def _copies_with_old_strides(r) -> list:
     """[(parameter, the strides of the tensor it got, the strides its stride_* parameters got)]:
     a tensor that is not one of those handed in (a copy: .contiguous(), .float()) launched with
@@ -282,10 +287,9 @@ def _copies_with_old_strides(r) -> list:
     out = []
     for launch in r.launch_args or ():
         for param, own in (launch.strides or {}).items():
-            bare = _bare(param)
             if _tensor_param(param) is None or (launch.tensors or {}).get(param) is not None:
                 continue
-            passed = tuple(v for n, v in launch.args.items() if re.fullmatch(rf"stride_?{bare}_?[bhsdmn]", n))
+            passed = _stride_args(launch, param)
             if len(passed) == len(own) and passed != own and (param, own, passed) not in out:
                 out.append((param, own, passed))
     return out
@@ -335,7 +339,7 @@ def _borrowed_strides(r) -> list:
         strides, tensors = launch.strides or {}, launch.tensors or {}
         for param, own in strides.items():
             got = tensors.get(param)
-            passed = tuple(v for n, v in launch.args.items() if re.fullmatch(rf"stride_?{_bare(param)}_?[bhsdmn]", n))
+            passed = _stride_args(launch, param)
             if got is None or len(passed) != len(own) or passed == own:
                 continue
             whose = [tensors[p] for p, st in strides.items() if st == passed and p != param and p in tensors]

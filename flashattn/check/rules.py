@@ -243,7 +243,8 @@ def _input_modified(ctx):
         return None
     # stores outside every tensor (or, on a GPU, output elements unwritten beside stores past its
     # end): whether some also land in an input is luck of the memory layout; wild_access speaks
-    if any(r.wild and r.wild.get("stores") for r in ctx.results) or _displaced_stores(ctx) is not None:
+    if any(r.wild and r.wild.get("stores") for r in ctx.results) or _displaced_stores(ctx) is not None \
+            or any(t.guard_touched for _, t in ctx.bad_tensors()):      # (stores past an output's end too)
         return None
     r = hits[0]
     name, (n, total, f) = next(iter(r.inputs_modified.items()))
