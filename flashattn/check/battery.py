@@ -85,9 +85,8 @@ class Case:
         """The strides of the output shaped like ``like`` (q, k or v) that a kernel checker hands
         over: contiguous, but dQ and dV as [B, S, H, D] views where ``out_layout`` is "bshd"."""
         H, S = (self.H, self.S_q) if like == "q" else (self.heads_kv, self.S_k)
-        if self.out_layout == "bshd" and like != "k":
-            return (H * S * self.D, self.D, H * self.D, 1)
-        return (H * S * self.D, S * self.D, self.D, 1)
+        alloc, view = _alloc_shape((self.B, H, S, self.D), "contiguous" if like == "k" else self.out_layout)
+        return tuple(view(torch.empty(alloc, device="meta")).stride())
 
     def strides(self) -> dict:
         """name -> (b, h, s, d) strides of q, k, v, do in this case's layouts (no memory used)."""
@@ -301,14 +300,11 @@ class Output:
     """An output tensor filled with the poison, followed in memory by a poisoned guard."""
 
     def __init__(self, shape, dtype, device, layout: str = "contiguous"):
-        n = math.prod(shape)
+        n = math.prod(shape)      # (layouts that fill their buffer: "contiguous", "bshd")
         self.n = n
         self.buf = fill_poison(torch.empty(n + 4096, dtype=dtype, device=device))
-        if layout == "bshd":     # [B, H, S, D] as a view of a [B, S, H, D] buffer: not contiguous
-            B, H, S, D = shape
-            self.tensor = self.buf[:n].view(B, S, H, D).transpose(1, 2)
-        else:
-            self.tensor = self.buf[:n].view(shape)
+        alloc, view = _alloc_shape(shape, layout)      # "bshd": a [B, S, H, D] buffer, transposed
+        self.tensor = view(self.buf[:n].view(alloc))
 
     def guard_touched(self) -> int:
         return int((~is_poison(self.buf[self.n:])).sum())

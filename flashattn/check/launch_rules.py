@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from typing import Optional
 
 import torch
 
@@ -101,6 +102,13 @@ def _tensor_param(name: str):
     return _TENSOR_PARAMS.get(_bare(name))
 
 
+def _in_every_failing_run(ctx, find) -> Optional[list]:
+    """[(case result, find(it))] for the failing cases that ran (raised nothing), when ``find``
+    finds something in every one of them; else None."""
+    found = [(r, find(r)) for r in ctx.failing if r.error is None]
+    return found if found and all(hit for _, hit in found) else None
+
+
 def _wrong_tensors(r) -> list:
     """[(parameter, the tensor it got, the tensor its name says)] for one case's launches."""
     out = []
@@ -118,13 +126,11 @@ def _wrong_tensors(r) -> list:
       "delta, K and V, dK and dV) or one passed twice run without an error -- they are all "
       "pointers -- and the kernel reads or writes the wrong memory.", kinds=KINDS)
 def _launch_tensor(ctx):
-    ran = [r for r in ctx.failing if r.error is None]
-    wrong = {id(r): _wrong_tensors(r) for r in ran}
-    if not ran or not all(wrong[id(r)] for r in ran):
+    found = _in_every_failing_run(ctx, _wrong_tensors)
+    if found is None:
         return None
-    pairs = wrong[id(ran[0])]
-    said = "; ".join(f"parameter {p} received {got} where {want} belongs" for p, got, want in pairs)
-    return f"{said} (every launch, all {len(ran)} failing cases); {ctx.tensor_pattern()}"
+    said = "; ".join(f"parameter {p} received {got} where {want} belongs" for p, got, want in found[0][1])
+    return f"{said} (every launch, all {len(found)} failing cases); {ctx.tensor_pattern()}"
 
 
 _PROGRAM_ID = re.compile(r"(\w+)\s*=\s*tl\.program_id\((?:axis\s*=\s*)?0\)")
@@ -322,11 +328,11 @@ def _outputs_copied(r) -> list:
       "contiguous: the kernel fills the copy, and the dq the caller holds keeps its old contents. Pass "
       "the output itself with its own strides (*dq.stride()): the kernel can write any layout.", kinds=KINDS)
 def _output_copy(ctx):
-    ran = [r for r in ctx.failing if r.error is None]
-    if not ran or not all(_outputs_copied(r) for r in ran) or any(_outputs_copied(r) for r in ctx.results if r.ok):
+    found = _in_every_failing_run(ctx, _outputs_copied)
+    if found is None or any(_outputs_copied(r) for r in ctx.results if r.ok):
         return None
-    names = _outputs_copied(ran[0])
-    return (f"in '{ran[0].case.name}' the kernel's {' and '.join(names)} parameter received a tensor that is not "
+    r, names = found[0]
+    return (f"in '{r.case.name}' the kernel's {' and '.join(names)} parameter received a tensor that is not "
             f"the one handed in (its address differs), and the output handed in was not written; the cases that "
             f"pass hand contiguous outputs, where .contiguous() returns the tensor itself; {ctx.case_pattern()}")
 
@@ -335,6 +341,7 @@ def _borrowed_strides(r) -> list:
     """[(parameter, the tensor it got, its strides, what its stride parameters got, whose they are)]:
     a handed tensor launched with another tensor's strides."""
     out = []
+    output = lambda name: name in ("dQ", "dK", "dV")  # noqa: E731  (an output's likely donor: an output)
     for launch in r.launch_args or ():
         strides, tensors = launch.strides or {}, launch.tensors or {}
         for param, own in strides.items():
@@ -343,11 +350,12 @@ def _borrowed_strides(r) -> list:
             if got is None or len(passed) != len(own) or passed == own:
                 continue
             whose = [tensors[p] for p, st in strides.items() if st == passed and p != param and p in tensors]
-            output = lambda name: name in ("dQ", "dK", "dV")  # noqa: E731  (an output's likely donor: an output)
+            if not whose:
+                continue
             whose.sort(key=lambda name: output(name) != output(got))
-            said = f"{whose[0]}'s" if whose else ""
-            if whose and (param, got, own, passed, said) not in out:
-                out.append((param, got, own, passed, said))
+            hit = (param, got, own, passed, f"{whose[0]}'s")
+            if hit not in out:
+                out.append(hit)
     return out
 
 
@@ -356,10 +364,9 @@ def _borrowed_strides(r) -> list:
       "*dv.stride() for dV. Two tensors laid out alike hide the slip (their strides are equal), which "
       "is why one case hands them in different layouts.", kinds=KINDS)
 def _borrowed_strides_rule(ctx):
-    ran = [r for r in ctx.failing if r.error is None]
-    found = {id(r): _borrowed_strides(r) for r in ran}
-    if not ran or not all(found.values()):
+    found = _in_every_failing_run(ctx, _borrowed_strides)
+    if found is None:
         return None
-    param, got, own, passed, whose = found[id(ran[0])][0]
-    return (f"in '{ran[0].case.name}' parameter {param} received {got} (strides {own}) but its stride parameters "
+    r, ((param, got, own, passed, whose), *_) = found[0]
+    return (f"in '{r.case.name}' parameter {param} received {got} (strides {own}) but its stride parameters "
             f"received {passed}, which are {whose}; {ctx.case_pattern()}")

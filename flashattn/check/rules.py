@@ -23,7 +23,7 @@ from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges,
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
 from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, shape_story,
-                          squeeze_story, unpack_story)
+                          squeeze_story, unpacked_out_of_order_line)
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def _shape(ctx):
     message = str(r.error)
     if r.error.idea:            # the place that raised knew the story (a float; K/V heads under GQA)
         return message, r.error.idea
-    if unpack_story(ctx):       # B, S_q, H, D = q.shape: the line rule shape_unpack_order names it
+    if unpacked_out_of_order_line(ctx):      # B, S_q, H, D = q.shape: line rule shape_unpack_order names it
         return None
     returned = returned_the_wrong_thing(ctx, message) or squeeze_story(ctx, r.case)
     if returned:

@@ -199,7 +199,7 @@ def squeeze_story(ctx, case) -> Optional[str]:
             f"it away, x[..., 0]).")
 
 
-def unpack_story(ctx) -> Optional[str]:
+def unpacked_out_of_order_line(ctx) -> Optional[str]:
     """The line that unpacks a shape in another order than the axes (what line_slips'
     shape_unpack_order names), or None."""
     from .code_rules import _first_line

@@ -393,10 +393,11 @@ def fast_dkdv_kernel(
     if DKDV_PART != 1:
         if DROPOUT:
             dv = dv * keep_scale
-            dv_t = dv_t * keep_scale
         store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_d[None, :], dv.to(DV.dtype.element_ty),
                    col_ok, d_ok, PAD_D)
         if BLOCK_D_TAIL > 0:
+            if DROPOUT:
+                dv_t = dv_t * keep_scale
             store_tile(dv_base + offs_n[:, None] * stride_dv_s + offs_t[None, :], dv_t.to(DV.dtype.element_ty),
                        col_ok, t_ok, PAD_T)
 
