@@ -75,7 +75,7 @@ def test_a_kernel_with_its_own_parameter_meaning_is_not_blamed(tmp_path):
 
 def test_pytorchs_not_implemented_is_not_the_placeholder(tmp_path):
     """A NotImplementedError that PyTorch raises (float &= bool) is an error of the learner's code,
-    not the exercise's unwritten placeholder: the mask's dtype is named."""
+    not the exercise's unwritten placeholder: the line that made the mask float is named."""
     def visible_mask(S_q, S_k, window):
         left, right = window
         i, j = torch.arange(S_q)[:, None], torch.arange(S_k)[None, :]
@@ -87,5 +87,5 @@ def test_pytorchs_not_implemented_is_not_the_placeholder(tmp_path):
         return seen
 
     r = run_checker(check.window_mask, visible_mask)
-    assert_hint(r, "shape")
-    assert "dtype torch.float32, expected torch.bool" in " ".join(r.diagnosis().split()), r.diagnosis()
+    assert_hint(r, "mask_made_float")
+    assert "seen = torch.ones(S_q, S_k)" in " ".join(r.diagnosis().split()), r.diagnosis()

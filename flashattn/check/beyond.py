@@ -280,8 +280,11 @@ def _keep_heads(x, heads: int, first: int, S_q: int, S_k: int) -> torch.Tensor:
 def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") -> tuple:
     """dQ, dK, dV of one sequence (``[H, S, D]`` tensors, lse ``[H, S_q]``), float64, by the
     lesson's formulas -- or with one classic ``slip`` put in."""
+    if slip == "o_do_swapped":               # sequence_backward(q, k, v, do, o, ...): each in the other's place
+        o, do = do, o
     s = q @ k.transpose(-1, -2) * (1.0 if slip == "unscaled_scores" else scale)
     P = torch.exp(s - lse[..., None])
+    P_before_mask = P
     if slip == "softmax_then_mask":          # a softmax over every key, the window applied after it
         P = torch.softmax(s, dim=-1)
     if slip == "window_inverted":
@@ -300,7 +303,7 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
         z_dv = torch.ones_like(z_dv, dtype=torch.float64)
     if slip == "dp_no_mask":
         z_dp = torch.ones_like(z_dp, dtype=torch.float64)
-    dv = (P * z_dv).transpose(-1, -2) @ do
+    dv = ((P_before_mask if slip == "mask_after_dv" else P) * z_dv).transpose(-1, -2) @ do
     dp_raw = do @ v.transpose(-1, -2)
     dp = dp_raw * z_dp
     delta = (do * o).sum(-1, keepdim=True)
@@ -308,6 +311,8 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
         delta = (P * dp_raw).sum(-1, keepdim=True)
     if slip == "delta_rescaled":
         delta = delta / (1.0 - p)
+    if slip == "delta_dropped":              # delta * Z / (1 - p): delta is a row's constant, not dropped
+        delta = delta * z_dp
     ds = (P * z_dv if slip == "ds_dropped_p" else P) * (dp - delta)
     ds_for_dq = ds * z_dv if slip == "dq_dropped" else ds     # Z once more, in dQ's line only
     return ds_for_dq @ k * scale, ds.transpose(-1, -2) @ q * scale, dv
@@ -405,7 +410,8 @@ def _make(case: BeyondCase, dtype, device, seed, with_do):
 
 #: mistakes that change the result only with dropout on, and how each is put in
 DROPOUT_SLIPS = ("no_rescale", "no_rescale_dv", "no_rescale_dp", "dv_no_mask", "dp_no_mask", "ds_dropped_p",
-                 "dq_dropped", "rescale_by_p", "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence")
+                 "dq_dropped", "rescale_by_p", "delta_unmasked_dp", "delta_rescaled", "rescale_inverted", "rescale_twice", "rescale_precedence",
+                 "delta_dropped")
 
 
 def _variants(case: BeyondCase, x) -> dict:
@@ -430,7 +436,9 @@ def _variants(case: BeyondCase, x) -> dict:
         found["scale_ignored"] = packed_grads(x, scale=case.D ** -0.5)
     found["window_inverted"] = packed_grads(x, "window_inverted")
     found["keep_inverted"] = packed_grads(x, "keep_inverted")     # at p = 0 too: then Z is all False
+    found["o_do_swapped"] = packed_grads(x, "o_do_swapped")
     if case.window != (-1, -1):
+        found["mask_after_dv"] = packed_grads(x, "mask_after_dv")
         found["no_visible"] = packed_grads(x, "no_visible")
         found["softmax_then_mask"] = packed_grads(x, "softmax_then_mask")
     if case.H > 1:

@@ -128,6 +128,10 @@ _slip_rule("softmax_then_mask", "P is a softmax over every key, masked afterward
            "The forward's softmax ran over the *visible* keys only: P = exp(S - LSE) on them, 0 "
            "elsewhere (the LSE already holds the right normaliser). A softmax over all keys followed "
            "by the mask gives rows that no longer sum to 1.", kinds=("beyond",))
+_slip_rule("mask_after_dv", "the window's mask is put on P after dV used it",
+           "exp(S - LSE) is positive everywhere: the keys the window hides must be set to P = 0 before P "
+           "enters *any* product. Yours masks P only after dV = P^T dO was formed (dQ and dK, computed "
+           "later, are right): move the masked_fill up, right after P = exp(S - LSE).", kinds=("beyond",))
 _slip_rule("no_visible", "P is rebuilt from the LSE without the window's mask",
            "exp(S - LSE) is positive everywhere: the keys the window hides must be set to P = 0 "
            "(masked_fill or where) before P enters dV, dP and dS.", kinds=("beyond",))
@@ -160,6 +164,9 @@ _slip_rule("delta_unmasked_dp", "delta is summed from a dP without the dropout m
            kinds=("beyond",))
 _slip_rule("delta_rescaled", "delta is divided by 1 - p", _DROPOUT_IDEA + " O already carries the 1 / (1 - p).",
            kinds=("beyond",))
+_slip_rule("delta_dropped", "delta is multiplied by the dropout mask: dS = P * (dP - delta * Z / (1 - p))",
+           _DROPOUT_IDEA + " delta = rowsum(dO * O) is one number per row, the same for every key: it is "
+           "not dropped. Only dP carries Z / (1 - p).", kinds=("beyond",))
 _slip_rule("rescale_inverted", "the rescale multiplies by 1 - p instead of dividing", _DROPOUT_IDEA,
            kinds=("beyond",))
 _slip_rule("rescale_by_p", "the rescale divides by p, the drop probability, instead of 1 - p", _DROPOUT_IDEA +
@@ -246,6 +253,10 @@ def _mask_differs(ctx):
 # --------------------------------------------------------------------------------------
 # packed sequences
 # --------------------------------------------------------------------------------------
+_slip_rule("o_do_swapped", "O and dO are passed in each other's places",
+           "The two have the same shape [S_q, H, D], so swapped they run: delta = rowsum(dO * O) does not "
+           "notice (a product of the two), but dV = P^T dO and dP = dO V^T then use O. Compare the call "
+           "with the signature: sequence_backward(q, k, v, o, do, lse, ...).", kinds=("beyond",))
 _slip_rule("lse_reshape", "a sequence's LSE is reshaped from [S_q, H] to [H, S_q], not transposed",
            "reshape keeps the elements in memory order and only relabels the dimensions: the packed "
            "LSE's slice [S_q, H] reshaped to [H, S_q] puts row i's heads into one head's row, so "
@@ -319,8 +330,11 @@ def _edge_formula(ctx):
     # the simplest formula that fits every failing case: the base i, no end moved, the comparison kept
     label = min(sorted(common), key=lambda n: (" 1" in n, "S_k" in n, " i " not in f" {n} ", len(n)))
     _, side, formula = label.split(":", 2)
+    why = {"j <= i + right - left": " -- i itself was moved by left before this edge (an in-place i -= left or "
+                                    "i.sub_(left) changes i for every later line)",
+           "j <= min(i + right, S_q - 1)": " -- keys run to S_k - 1, not S_q - 1: a key position is no row index"}
     return (f"in all {len(ctx.failing)} failing cases your mask equals the right one with its {side} edge "
-            f"`{formula}` where `{window_edges.RIGHT_EDGES[side]}` belongs")
+            f"`{formula}` where `{window_edges.RIGHT_EDGES[side]}` belongs{why.get(formula, '')}")
 
 
 @rule("window_cases", "only cases with a window fail, in a way no classic slip explains",

@@ -78,13 +78,13 @@ def _first_line(ctx, test):
 _PATTERNS = {"case": lambda ctx: ctx.case_pattern(), "tensors": lambda ctx: ctx.tensor_pattern()}
 
 
-def line_rule(id: str, title: str, idea: str, test, kinds=None, show=("case",)) -> None:
+def line_rule(id: str, title: str, idea: str, test, kinds=None, show=("case",), before=None) -> None:
     """Register diagnosis ``id`` that quotes the first line of the learner's code for which
     ``test(line)`` holds, followed by the case pattern and/or the tensor pattern (``show``)."""
     def quote(ctx):
         line = _first_line(ctx, test)
         return "; ".join([f"`{line}`"] + [_PATTERNS[s](ctx) for s in show]) if line else None
-    rule(id, title, idea, kinds=kinds)(quote)
+    rule(id, title, idea, kinds=kinds, before=before)(quote)
 
 
 def _line_of(src: str, needle: str) -> str:

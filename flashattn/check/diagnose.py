@@ -219,9 +219,13 @@ class Rule:
 RULES: list = []
 
 
-def rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None):
+def rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None, before: Optional[str] = None):
+    """Register a diagnosis: rules are tried in the order registered; ``before``: the id of an
+    earlier rule this one must come before (a line that names the slip goes before the symptom
+    it causes, which an earlier rule would otherwise take)."""
     def register(test):
-        RULES.append(Rule(id, title, idea, test, kinds))
+        at = next((n for n, r in enumerate(RULES) if r.id == before), len(RULES)) if before else len(RULES)
+        RULES.insert(at, Rule(id, title, idea, test, kinds))
         return test
     return register
 

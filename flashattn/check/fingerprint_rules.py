@@ -527,6 +527,14 @@ _fp("lazy_dtau_floor", "dTau divides with //: floor division rounds each row dow
 _fp("lazy_dbias_last_zero", "dBias' last entry (d = W) is 0: its guard stops one diagonal early",
     "bias[d] for d = 0 ... W sits on diagonal d of dS; the guard only skips diagonals past the matrix "
     "(d >= L). A guard d < W leaves the last diagonal, d = W, at 0.", kinds=("lazy",))
+_fp("lazy_dbias_corner_zero", "dBias misses the last diagonal, d = L - 1: its guard stops one early",
+    "Diagonal d = i - j of an L x L matrix exists for d = 0 ... L - 1; the last, d = L - 1, is the one "
+    "entry dS[L - 1, 0]. A guard d < L - 1 (or range(L - 1)) leaves it out: dBias[L - 1] stays 0 whenever "
+    "W >= L - 1. The guard is d < L.", kinds=("lazy",))
+_fp("lazy_dbias_clamped", "dBias[W] also collects the diagonals past W: distances clamped, not skipped",
+    "bias[d] is used only for d = i - j <= W; farther pairs get no bias at all, so their dS belongs to no "
+    "dBias entry. Clamping the distance (dist.clamp(max=W), as a lookup bias[min(d, W)] does) without "
+    "the d <= W guard adds every diagonal past W into dBias[W].", kinds=("lazy",))
 _fp("lazy_gate_causal_transposed", "the gate's causal mask is transposed: j >= i where j <= i belongs",
     "Query i sees keys j <= i: the causal mask is i[None, :] <= i[:, None] (row index i down the "
     "rows, key index j along the columns), the lower triangle. i[:, None] <= i[None, :] is the "

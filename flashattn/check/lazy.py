@@ -189,6 +189,11 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
         # the last diagonal (d = W) left at 0: a guard d < W where d < L belongs
         "lazy_dbias_last_zero": {"dBias": torch.cat([diagonal_sums(dS, W)[..., :-1],
                                                      torch.zeros_like(diagonal_sums(dS, W)[..., -1:])], -1)},
+        # the matrix's last diagonal (d = L - 1, one entry) left at 0: a guard d < L - 1 where d < L belongs
+        "lazy_dbias_corner_zero": {"dBias": diagonal_sums(dS, W) * (torch.arange(W + 1) != L - 1)},
+        # the diagonals past W added into dBias[W]: the forward's lookup bias[min(d, W)] without its d <= W
+        "lazy_dbias_clamped": {"dBias": diagonal_sums(dS, W) + torch.nn.functional.pad(
+            diagonal_sums(dS, max(W, L - 1))[..., W + 1:].sum(-1, keepdim=True), (W, 0))},
     }
 
 

@@ -15,7 +15,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from .code_rules import _code_lines, _first_found, line_rule
+from .code_rules import _code_lines, _first_found, _first_line, line_rule
 from .diagnose import rule
 from .origin import _PACKAGE, _unwrap
 
@@ -336,4 +336,171 @@ def _accumulation_after_loop(src: str):
       "exist). A sum over the loop's rounds belongs in the loop's body: indent it.", kinds=KINDS)
 def _accumulation_after_loop_rule(ctx):
     _, line = _first_found(ctx, _accumulation_after_loop)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+# --------------------------------------------------------------------------------------
+# blind set P, second round: lines that look right and do something else
+# --------------------------------------------------------------------------------------
+line_rule("dot_acc_and_add", "`x += tl.dot(a, b, acc=x)` adds x twice",
+          "tl.dot(a, b, acc=x) already returns x + a b. Assigned with +=, x is added once more: every step "
+          "doubles what was summed before. Write one of the two: x += tl.dot(a, b) or x = tl.dot(a, b, acc=x).",
+          kinds=("dq", "dkdv"),
+          test=lambda c: (m := re.match(r"(\w+)\s*\+=\s*tl\.dot\(", c)) is not None and
+          re.search(rf"acc\s*=\s*{m.group(1)}\b", c) is not None)
+
+@rule("atomic_add_store", "an output is written with tl.atomic_add: it adds onto what the output held",
+      "Each program owns its block of rows -- no other program writes them -- so a plain tl.store is "
+      "right. tl.atomic_add adds the tile onto the output's old contents, and the launcher's output "
+      "is made with torch.empty: whatever memory it got comes through. Store it: tl.store(...).",
+      kinds=("dq", "dkdv"))
+def _atomic_add_store(ctx):
+    if any(r.nondeterministic for r in ctx.results):
+        return None                  # results that change from run to run: programs share rows (race says it)
+    line = _first_line(ctx, lambda c: "tl.atomic_add(" in c)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+def _loop_name_rebound(src: str):
+    """``for buf, t in zip(outputs, values): buf = ...``: the loop's name rebound, nothing written."""
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.For):
+            continue
+        names = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+        for stmt in node.body:     # (x = f(x) updates a value the loop handed over: not this slip)
+            if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in stmt.targets) \
+                    and not {t.id for t in stmt.targets if isinstance(t, ast.Name)} & \
+                    {n.id for n in ast.walk(stmt.value) if isinstance(n, ast.Name)}:
+                return ast.unparse(stmt)
+    return None
+
+
+@rule("loop_name_rebound", "assigning to the loop's name writes nothing into the tensor it stood for",
+      "`for buf, t in zip((dq[qs], ...), grads): buf = ...` makes the name buf point at a new tensor; the "
+      "slice dq[qs] it stood for is not touched. Write into the tensor: dq[qs] = ..., or buf.copy_(...) "
+      "(a slice is a view, so copy_ reaches dq).", kinds=_TORCH_KINDS)
+def _loop_name_rebound_rule(ctx):
+    _, line = _first_found(ctx, _loop_name_rebound)
+    return f"`{line}`; {ctx.tensor_pattern()}" if line else None
+
+
+def _chained_tuple(src: str):
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) > 1 and isinstance(node.value, ast.Tuple):
+            return ast.unparse(node)
+    return None
+
+
+@rule("chained_tuple_assignment", "`a = b = x, y` gives both names the whole tuple",
+      "A chained assignment hands the same value to every target: ctx.causal = ctx.scale = causal, scale "
+      "sets both to the tuple (causal, scale). Unpacking needs commas on the left: "
+      "ctx.causal, ctx.scale = causal, scale.", kinds=KINDS)
+def _chained_tuple_rule(ctx):
+    _, line = _first_found(ctx, _chained_tuple)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+line_rule("forward_half", "the forward runs on 16-bit copies of the inputs",
+          "q.half() (or .to(torch.float16), .bfloat16()) makes a 16-bit copy: O and the LSE come out of "
+          "the copies, in 16-bit precision, while backward gets the saved full-precision q, k, v beside a "
+          "16-bit O and dO. Call the kernels on the tensors as they came; the dtype is the caller's choice.",
+          kinds=("autograd",),
+          test=lambda c: re.search(r"\.(?:half|bfloat16)\(\)|\.to\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half|bfloat16)",
+                                   c) is not None)
+
+line_rule("dq_from_dkdv", "dQ is taken from the dK/dV function: its first output is dK",
+          "attention_backward_dkdv returns (dK, dV); attention_backward_dq returns dQ. Index [0] of the "
+          "first is dK -- shaped like k, [B, H_kv, S_k, D] -- and equals dQ's shape only when S_q = S_k "
+          "without GQA. Call attention_backward_dq for dQ.", kinds=("autograd",), before="grad_order",
+          test=lambda c: re.match(r"dq\s*=.*dkdv\(", c) is not None)
+
+line_rule("key_blocks_reversed", "the key blocks are visited last to first",
+          "The online softmax may visit blocks in any order -- but the causal mask hides the *last* "
+          "blocks from the first rows entirely. Visited first, such a block leaves m = -inf, and "
+          "exp(m - m_new) = exp(-inf - -inf) is NaN. Walk the keys forwards: range(0, S_k, block_n).",
+          kinds=("online_softmax",),
+          test=lambda c: re.search(r"for\s.*\bin\s+reversed\(|range\([^()]*,\s*-1\s*,\s*-", c) is not None)
+
+line_rule("key_loop_over_queries", "the loop over key blocks runs to S_q",
+          "The loop walks the *keys*: range(0, S_k, block_n). With S_q where S_k belongs it stops early "
+          "when S_q < S_k (the last keys never enter the sum) and runs past the keys when S_q > S_k (an "
+          "empty block, whose max over nothing raises).", kinds=("online_softmax",),
+          test=lambda c: re.search(r"for\s+\w+\s+in\s+range\([^()]*\bS_q\b[^()]*,\s*block_n\s*\)", c) is not None)
+
+line_rule("divides_by_exp_lse", "O is divided by exp(LSE) = l * e^m, not by l",
+          "acc holds sum_j exp(s_j - m) v_j: the running max m is already taken out. Dividing by "
+          "exp(LSE) = exp(m) * l takes it out a second time, so each row is e^(-m) times too small. "
+          "O = acc / l; the LSE, m + log(l), is returned beside it.", kinds=("online_softmax",),
+          test=lambda c: re.search(r"/\s*\(?\s*torch\.exp\(\s*(?:m\s*\+\s*torch\.log\(\s*l|\w*lse)|/\s*\w*lse\w*\.exp\(",
+                                   c) is not None)
+
+line_rule("mask_made_float", "the mask is made with torch.ones / torch.zeros without dtype=torch.bool",
+          "torch.ones(S_q, S_k) is float32: &= with a comparison (a bool tensor) raises, and a float "
+          "mask is no mask to masked_fill or ~. Make it bool: torch.ones(S_q, S_k, dtype=torch.bool).",
+          kinds=("window", "beyond"), before="shape",
+          test=lambda c: re.match(r"(?:seen|mask|visible|keep)\w*\s*=\s*torch\.(?:ones|zeros)\((?![^)]*dtype)[^)]*\)\s*$",
+                                  c) is not None)
+
+line_rule("to_other_tensor", "`.to(q)` takes q's dtype too, not only its device",
+          "Tensor.to(other) converts to other's dtype *and* device: a bool mask .to(q) becomes a float64 "
+          "mask (and ~ on it raises). For the device alone write .to(q.device).",
+          kinds=_TORCH_KINDS,
+          test=lambda c: re.search(r"\.to\(\s*(?:q|k|v|o|do|x|out)\s*\)", c) is not None)
+
+
+def _written_after_expand(src: str):
+    """A name made by .expand(...) and later written in place (&=, |=, [...] =, x.op_()): the
+    expanded view has stride 0, one element stands for many."""
+    lines = list(_code_lines(src))
+    for n, line in enumerate(lines):
+        m = re.match(r"(\w+)\s*=.*\.expand(?:_as)?\(", line)
+        if m and not re.search(r"\.(?:clone|contiguous)\(\)\s*$", line):
+            name = m.group(1)
+            if any(re.match(rf"{name}\s*(?:[&|+\-*/]=|\[.*\]\s*=)|{name}\.\w+_\(", later) for later in lines[n + 1:]):
+                return line
+    return None
+
+
+@rule("inplace_on_expanded", "an expanded tensor is written in place: one element stands for many",
+      "x.expand(S_q, S_k) makes a view with stride 0: every position reads the same element, and PyTorch "
+      "refuses to write into it in place ('more than one element ... refers to a single memory location'). "
+      "Make a real tensor of that size -- torch.ones(S_q, S_k, dtype=torch.bool), or .expand(...).clone().",
+      kinds=_TORCH_KINDS)
+def _inplace_on_expanded(ctx):
+    _, line = _first_found(ctx, _written_after_expand)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+def _positions_left_flat(src: str):
+    """``rows = torch.arange(S_q)`` (query positions) never turned into a column, yet compared with
+    key positions: both lie along the last axis and broadcast as rows."""
+    lines = list(_code_lines(src))
+    for n, line in enumerate(lines):
+        m = re.match(r"(rows|i|q_pos\w*|query_pos\w*|offs_m)\s*=\s*[^=]*torch\.arange\([^\[]*\)$", line)
+        if not m or re.search(r"\.(?:unsqueeze|view|reshape)\(|\.T\b", line):
+            continue
+        name = m.group(1)
+        later = lines[n + 1:]
+        if any(re.search(rf"\b{name}\s*\[[^\]]*None|\b{name}\.(?:unsqueeze|view|reshape)\(", c) for c in later):
+            continue
+        if any(re.search(rf"\b{name}\b\s*(?:<=|>=|<|>)|(?:<=|>=|<|>)\s*{name}\b(?!\s*\[)", c) for c in later):
+            return line
+    return None
+
+
+@rule("positions_not_column", "the query positions are a flat vector, not a column",
+      "A mask compares every query row i with every key j: i must run down the rows -- a column "
+      "[S_q, 1], torch.arange(S_q)[:, None] -- and j along the columns, [1, S_k]. A flat arange lines up "
+      "with the *last* axis, beside the keys: the comparison then pairs position n with position n (or "
+      "raises where the lengths differ).", kinds=("online_softmax", "rebuild_p", "backward", "window", "beyond"))
+def _positions_not_column(ctx):
+    _, line = _first_found(ctx, _positions_left_flat)
     return f"`{line}`; {ctx.case_pattern()}" if line else None

@@ -57,7 +57,8 @@ def _pool(case: Case, x) -> dict:
     ref, H = x.ref, case.H
     f64 = lambda t: t.to(torch.float64)  # noqa: E731
     return {"Q": f64(x.q), "K": repeat_kv(f64(x.k), H), "V": repeat_kv(f64(x.v), H),
-            "dO": ref.dO, "O": ref.O, "LSE": ref.LSE, "delta": ref.delta}
+            "dO": ref.dO, "O": ref.O, "LSE": ref.LSE, "delta": ref.delta,
+            "ones": torch.ones_like(ref.dO)}      # torch.ones_like(o) for dO: the loss out.sum()'s dO, assumed
 
 
 def _fits(case: Case, a: str, b: str) -> bool:
@@ -67,6 +68,8 @@ def _fits(case: Case, a: str, b: str) -> bool:
         return True
     if "LSE" in (a, b) or "delta" in (a, b):
         return False
+    if b == "ones":
+        return a == "dO"
     side = lambda n: "q" if n in ("Q", "dO", "O") else "k"  # noqa: E731
     return side(a) == side(b) or (case.S_q == case.S_k and case.H == case.heads_kv)
 

@@ -3,9 +3,10 @@
 The mask is two edges: key j is seen by query i when ``j >= i - left`` (if left >= 0) and
 ``j <= i + right`` (if right >= 0). The named window slips (:func:`beyond.window_slips`) list the
 classic ones one by one; this module generates the whole class of one-edge formulas instead --
-the base (i, i shifted bottom-right, or no base: an absolute position), either side's width with
-either sign, an end one key further in or out, the comparison turned round -- so that an edge
-nobody listed is still quoted as the learner wrote it, against the lesson's.
+the base (i, i shifted bottom-right, or no base: an absolute position), either side's width (or
+the two widths' sum or difference) with either sign, an end one key further in or out, the
+comparison turned round, the right edge clamped to the last query -- so that an edge nobody
+listed is still quoted as the learner wrote it, against the lesson's.
 """
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ def edge_formulas(S_q: int, S_k: int, window) -> dict:
             continue
         other = edges["right" if side == "left" else "left"]
         for base_text, base in bases.items():
-            for width_name, width in (("left", left), ("right", right), ("left + right", left + right)):
+            for width_name, width in (("left", left), ("right", right), ("left + right", left + right),
+                                      ("right - left" if side == "right" else "left - right",
+                                       right - left if side == "right" else left - right)):
                 for sign in (-1, 1):
                     if not base_text and sign < 0:
                         continue                      # -width alone: no one writes that
@@ -38,10 +41,15 @@ def edge_formulas(S_q: int, S_k: int, window) -> dict:
                         bound = base + sign * width + end
                         for op in ((">=", "<=") if side == "left" else ("<=", ">=")):
                             mask = (j >= bound) if op == ">=" else (j <= bound)
-                            signed = width_name if sign > 0 else "- " + width_name.replace("+", "-")
+                            signed = width_name if sign > 0 else "- " + width_name.replace(
+                                "+", "#").replace("-", "+").replace("#", "-")
                             term = (f"{base_text} {'+ ' if sign > 0 else ''}{signed}" if base_text else width_name)
                             text = f"j {op} {term}" + (f" {'+' if end > 0 else '-'} 1" if end else "")
                             full = mask & other
                             if not torch.equal(full, want):
                                 out.setdefault(f"edge:{side}:{text}", full)
+        if side == "right":   # clamped to the last *query*, as if a key were a row index: S_k > S_q loses keys
+            mask = (j <= (i + right).clamp(max=S_q - 1)) & other
+            if not torch.equal(mask, want):
+                out.setdefault("edge:right:j <= min(i + right, S_q - 1)", mask)
     return out
