@@ -120,6 +120,10 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
 #: bytes): an H100 sweep of each kernel (2026-11-23; B=4, H=16, S=4096; D=128 causal, D=64 not)
 #: found the fp16 choices up to 1.6x slower. At D=128: forward 7.0 ms against 10.8, dQ 12.7
 #: against 15.6, dK/dV 18.2 against 28.0; at D=64: dQ 6.4 against 9.6, dK/dV 10.6 against 18.0.
+#: Tried at D=128 causal and kept out (2026-11-24): dK and dV by a launch each, 12.1 + 6.3 ms against
+#: 17.4 for one launch; the fused kernel, 37 ms (its larger tiles exceed shared memory: tf32x3 keeps
+#: split copies of the operands). TF32 products alone (torch's switch on) take 12.5 ms for the whole
+#: backward against 31.1 with tf32x3 and 19.9 for SDPA's fp32 backward (3xTF32 too).
 PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
     ("fast_fwd", 128): _c(128, 32, 8, 3), ("fast_dq", 64): _c(128, 64, 8, 3), ("fast_dq", 128): _c(32, 32, 4, 3),
     ("fast_dkdv", 64): _c(64, 128, 8, 3), ("fast_dkdv", 128): _c(32, 32, 4, 3),

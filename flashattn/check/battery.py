@@ -175,7 +175,9 @@ GQA_CASES: tuple[Case, ...] = (
 #: Forward-only battery (rebuild_p, online_softmax): dO plays no part.
 FORWARD_BATTERY: tuple[Case, ...] = tuple(
     c for c in BATTERY if c.do_layout in ("contiguous", "padded_seq") and c.S_q <= 64) + (
-    _c("strided q/k/v, not causal", 1, 2, 40, 24, 32, False, layout=("sliced", "bshd", "padded_heads")),)
+    _c("strided q/k/v, not causal", 1, 2, 40, 24, 32, False, layout=("sliced", "bshd", "padded_heads")),
+    # [B, S, H, D] memory with B = 2: batch and heads cannot be merged by .view (with B = 1 they can)
+    _c("[B, S, H, D] memory, batch of 2", 2, 2, 24, 24, 16, True, layout=("bshd", "bshd", "bshd")),)
 
 #: Smaller battery for the autograd checker: every case runs the forward and both backward kernels.
 AUTOGRAD_BATTERY: tuple[Case, ...] = (

@@ -332,7 +332,9 @@ def _edge_formula(ctx):
     _, side, formula = label.split(":", 2)
     why = {"j <= i + right - left": " -- i itself was moved by left before this edge (an in-place i -= left or "
                                     "i.sub_(left) changes i for every later line)",
-           "j <= min(i + right, S_q - 1)": " -- keys run to S_k - 1, not S_q - 1: a key position is no row index"}
+           "j <= min(i + right, S_q - 1)": " -- keys run to S_k - 1, not S_q - 1: a key position is no row index",
+           "j <= i - left": " -- the side kept is the wrong one (tril(k) keeps j <= i + k, below the diagonal; "
+                            "the left edge keeps j >= i - left: triu(-left))"}
     return (f"in all {len(ctx.failing)} failing cases your mask equals the right one with its {side} edge "
             f"`{formula}` where `{window_edges.RIGHT_EDGES[side]}` belongs{why.get(formula, '')}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from . import head_rules
 from .diagnose import _ranges, rule
 from .structure_rules import add as add_structure_rules
 from .structure_rules import seen_facts
@@ -311,6 +312,23 @@ def _everything_wrong(ctx):
         if ctx.kind in _EVERYTHING_IDEAS:
             return evidence, "No known mistake matches these outputs exactly. " + _EVERYTHING_IDEAS[ctx.kind]
         return evidence
+    return None
+
+
+# after every rule that names a line: some GQA cases fail, and the summed heads say which map
+@rule("gqa_head_map", "a head index is wrong under grouped-query attention",
+      "With GQA, the dK/dV program of K/V head h_kv adds up the query heads of its group.",
+      kinds=("dkdv", "autograd"))
+def _gqa_head_map(ctx):
+    """Some of the GQA cases fail, not all (a map that agrees with the right one where H_kv = 1), and
+    no earlier rule named a line: the query heads dK and dV summed say which map it was."""
+    if not ctx.failing or any(r.case.H == r.case.heads_kv for r in ctx.failing):
+        return None
+    for r in ctx.failing:
+        for name in ("dK", "dV"):
+            sets = r.structure.get(name, {}).get("head_sets")
+            if sets:
+                return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}", head_rules._head_sets_idea(r.case, name, sets)
     return None
 
 

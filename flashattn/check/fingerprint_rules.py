@@ -531,6 +531,12 @@ _fp("lazy_dbias_corner_zero", "dBias misses the last diagonal, d = L - 1: its gu
     "Diagonal d = i - j of an L x L matrix exists for d = 0 ... L - 1; the last, d = L - 1, is the one "
     "entry dS[L - 1, 0]. A guard d < L - 1 (or range(L - 1)) leaves it out: dBias[L - 1] stays 0 whenever "
     "W >= L - 1. The guard is d < L.", kinds=("lazy",))
+_fp("lazy_dtau_times_tau", "dTau is tau times too large: c = tau / (i + 1) where 1 / (i + 1) belongs",
+    "c_i = tau / (i + 1), so dc_i / dtau = 1 / (i + 1): dTau = sum_i rowsum(dP)_i / (i + 1). Multiplying "
+    "by c itself keeps a factor tau (and gives 0 at tau = 0).", kinds=("lazy",))
+_fp("lazy_dbias_cumulative", "dBias[d] sums every diagonal from d on, not diagonal d alone",
+    "bias[d] sits on diagonal d = i - j only: dBias[d] = torch.diagonal(dS, offset=-d).sum(). "
+    "torch.tril(dS, -d).sum() adds every entry on or below that diagonal -- diagonals d, d + 1, ...", kinds=("lazy",))
 _fp("lazy_dbias_clamped", "dBias[W] also collects the diagonals past W: distances clamped, not skipped",
     "bias[d] is used only for d = i - j <= W; farther pairs get no bias at all, so their dS belongs to no "
     "dBias entry. Clamping the distance (dist.clamp(max=W), as a lookup bias[min(d, W)] does) without "

@@ -191,6 +191,10 @@ def lazy_variants(f: dict, q, k, v, bias, tau, do, scale) -> dict:
                                                      torch.zeros_like(diagonal_sums(dS, W)[..., -1:])], -1)},
         # the matrix's last diagonal (d = L - 1, one entry) left at 0: a guard d < L - 1 where d < L belongs
         "lazy_dbias_corner_zero": {"dBias": diagonal_sums(dS, W) * (torch.arange(W + 1) != L - 1)},
+        # dTau with c = tau / (i + 1) where its derivative 1 / (i + 1) belongs: tau times the right one
+        "lazy_dtau_times_tau": {"dTau": (dP.sum(-1) * inv).sum(-1) * tau.double()},
+        # tril(dS, -d).sum(): every diagonal from d on, not diagonal d alone
+        "lazy_dbias_cumulative": {"dBias": diagonal_sums(dS, max(W, L - 1)).flip(-1).cumsum(-1).flip(-1)[..., :W + 1]},
         # the diagonals past W added into dBias[W]: the forward's lookup bias[min(d, W)] without its d <= W
         "lazy_dbias_clamped": {"dBias": diagonal_sums(dS, W) + torch.nn.functional.pad(
             diagonal_sums(dS, max(W, L - 1))[..., W + 1:].sum(-1, keepdim=True), (W, 0))},

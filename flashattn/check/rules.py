@@ -22,8 +22,8 @@ from .battery import BLOCKS
 from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
-from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, shape_story,
-                          squeeze_story, unpacked_out_of_order_line)
+from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, saved_unpacked_otherwise,
+                          shape_story, squeeze_story, unpacked_out_of_order_line)
 from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
@@ -87,7 +87,7 @@ def _saved_order(ctx):
             unpacked = [line.split("#")[0].strip() for src in ctx.sources for line in src.splitlines()
                         if re.search(r"\blse\s*,\s*o\s*=\s*.*attention_forward\(", line)]
             where = f"; `{unpacked[0]}` takes the forward's results in the other order (it returns o, lse)" \
-                if unpacked else ""
+                if unpacked else saved_unpacked_otherwise(ctx)
             return f"case '{c.name}': {type(r.error).__name__}: {str(r.error)[:200]}{where}"
     return None
 
@@ -189,6 +189,7 @@ def _shape(ctx):
 
 from . import code_rules  # noqa: E402,F401  (slips the code itself shows: before the exceptions they cause)
 from . import line_slips  # noqa: E402,F401  (one line's Python or Triton slip, the same place)
+from . import call_slips  # noqa: E402,F401  (more of them: set Q's)
 
 
 @rule("exception", "your code raised an exception",

@@ -207,3 +207,18 @@ def unpacked_out_of_order_line(ctx) -> Optional[str]:
 
     return _first_line(ctx, _shape_unpacked_out_of_order)
 
+
+def saved_unpacked_otherwise(ctx) -> str:
+    """'; `q, k, v, lse, o = ctx.saved_tensors` unpacks ... saved as (q, k, v, o, lse)' where the names
+    unpacked are the names saved in another order, else ''."""
+    text = "\n".join(ctx.sources)
+    saved = re.search(r"save_for_backward\(([^()]*)\)", text)
+    got = re.search(r"^\s*([\w\s,]+?)\s*=\s*ctx\.saved_tensors", text, re.M)
+    if not saved or not got:
+        return ""
+    names = lambda t: [n.strip() for n in t.split(",") if n.strip()]  # noqa: E731
+    a, b = names(saved.group(1)), names(got.group(1))
+    if sorted(a) != sorted(b) or a == b:
+        return ""
+    return (f"; `{got.group(0).strip()}` unpacks in another order than save_for_backward saved them "
+            f"({', '.join(a)}): ctx.saved_tensors come back in the saved order")

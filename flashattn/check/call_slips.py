@@ -1,0 +1,180 @@
+"""More one-line slips (blind set Q): a value that PyTorch, Triton or autograd read otherwise than
+the learner meant -- +inf for the hidden scores, delta left a product or made a matrix product,
+``.T`` of a 4-D tensor, a kernel called like a function, ``tl.arange`` over a runtime size, apply
+under ``no_grad``, 0 for a gradient that must be None, a mask from ``torch.empty``, offsets summed
+again, the running max overwritten before alpha reads it, an early ``return`` before a kernel's
+store.
+
+Each fires only when outputs fail, and quotes the line (see :func:`code_rules.line_rule`).
+Registered by :mod:`flashattn.check.rules` right after :mod:`line_slips`.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+
+from .code_rules import _code_lines, _first_found, line_rule
+from .diagnose import rule
+from .line_slips import _TORCH_KINDS
+
+_DENSE = ("backward", "rebuild_p", "online_softmax")     # the exercises whose q, k, v are [B, H, S, D]
+
+line_rule("hidden_plus_inf", "the hidden scores are filled with +inf: -inf belongs there",
+          "A hidden key must get P = 0, so its score is -inf before the softmax (exp(-inf) = 0). +inf makes "
+          "the row's maximum infinite and exp(inf - inf) = NaN across the whole row. "
+          "S.masked_fill(hidden, float(\"-inf\")).", kinds=_TORCH_KINDS,
+          test=lambda c: re.search(r"masked_fill\(.*,\s*(?:float\(\s*['\"]\+?inf['\"]\s*\)|math\.inf|torch\.inf)\s*\)",
+                                   c) is not None)
+
+line_rule("delta_not_summed", "delta is left the elementwise product dO * O, not summed over the head dim",
+          "delta_i = rowsum(dO * O)_i, one number per query row: (do * o).sum(dim=-1, keepdim=True), "
+          "[..., S_q, 1]. The product alone is [..., S_q, D], which meets dP [..., S_q, S_k] only where D "
+          "happens to equal S_k.", kinds=_TORCH_KINDS,
+          test=lambda c: re.match(r"delta\s*=\s*\(?\s*(?:do|o|dout|grad_out)\s*\*\s*(?:do|o|out)\s*\)?\s*$", c) is not None)
+
+line_rule("delta_as_matmul", "delta is a matrix product: it is a row-wise dot product",
+          "delta_i = sum_d dO[i, d] O[i, d] pairs each row of dO with the *same* row of O: "
+          "(do * o).sum(-1, keepdim=True). dO @ O^T pairs every row with every row, an [S_q, S_q] matrix.",
+          kinds=_TORCH_KINDS, test=lambda c: re.match(r"delta\s*=[^*]*@", c) is not None)   # (not rowsum(P * (dO @ V^T)))
+
+line_rule("T_of_4d", "`.T` of a 4-D tensor reverses all four axes",
+          "On a tensor of more than two dimensions .T reverses *every* axis: k.T of [B, H, S_k, D] is "
+          "[D, S_k, H, B]. Swap the last two only: k.transpose(-1, -2) (or k.mT).", kinds=_DENSE + ("autograd",),
+          test=lambda c: re.search(r"\b(?:q|k|v|o|do|dS|ds|P|S)\.T\b", c) is not None and
+          not re.search(r"\bif\b.*\belse\b", c))       # (a test's switch between two forms)
+
+line_rule("lse_recomputed", "the LSE is recomputed instead of the forward's being used",
+          "P = exp(S - LSE) with the forward's LSE, one per query row: the lesson's point is that it is "
+          "*given*. A logsumexp recomputed here -- over dim=-2, the queries, gives columns that sum to 1 -- "
+          "is not the forward's. Use lse[..., None].", kinds=("rebuild_p",),
+          test=lambda c: "logsumexp(" in c)
+
+line_rule("mask_given_dtype", "causal_mask gets a dtype where it takes a device",
+          "causal_mask(S_q, S_k, device) builds its positions with torch.arange(..., device=device): "
+          "S.dtype there is no device. Pass S.device.", kinds=_TORCH_KINDS,
+          test=lambda c: re.search(r"causal_mask\([^()]*\.dtype\s*\)", c) is not None)
+
+line_rule("unsigned_positions", "positions in an unsigned dtype: i - left wraps around below 0",
+          "uint8 holds 0 ... 255 and has no negative numbers: i - left for a row i < left wraps around to "
+          "about 255, past every key. Positions are plain integers: torch.arange(S_q) (int64).",
+          kinds=_TORCH_KINDS, test=lambda c: re.search(r"arange\([^)]*dtype\s*=\s*torch\.uint8", c) is not None)
+
+line_rule("uint8_mask", "a uint8 mask: ~ flips its bits, and masked_fill wants bool",
+          "Old PyTorch built masks as uint8 0/1. On uint8, ~ is a bitwise not (0 -> 255, 1 -> 254: both "
+          "'true'), and masked_fill refuses anything but bool. Build the mask as bool: "
+          "torch.ones(..., dtype=torch.bool).tril(), or causal_mask(S_q, S_k, device).", kinds=_TORCH_KINDS,
+          test=lambda c: re.search(r"dtype\s*=\s*torch\.uint8|\.byte\(\)", c) is not None and "arange(" not in c)
+
+line_rule("range_past_end", "the loop's end is one past the length: range(0, S + 1, block)",
+          "range(0, S_k, block_n) already covers the last, partial block. With S_k + 1 (an 'inclusive' "
+          "end), a length that block_n divides gets one more block, which starts at S_k and is empty.",
+          kinds=("online_softmax", "beyond", "backward"),
+          test=lambda c: re.search(r"range\(\s*[^(),]+,\s*[\w.]+\s*\+\s*1\s*,\s*\w*block\w*\s*\)", c, re.I) is not None)
+
+line_rule("launch_call_syntax", "the kernel is called like a function: the grid goes in [ ]",
+          "A @triton.jit kernel is launched as kernel[grid](arguments...): the grid in square brackets, then "
+          "the arguments. kernel(grid) calls the Python function itself, with the grid as its first "
+          "argument.", kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"\w+\(\s*grid\s*\)\s*\(", c) is not None)
+
+line_rule("arange_runtime_size", "tl.arange over a size that is not a power-of-two constexpr",
+          "tl.arange(0, N) needs N to be a tl.constexpr and a power of two: the tile's width BLOCK_D (the "
+          "head dim rounded up), not HEAD_DIM itself. The columns past HEAD_DIM are masked: "
+          "d_ok = offs_d < HEAD_DIM.", kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"tl\.arange\(\s*0\s*,\s*(?:HEAD_DIM|D|S_q|S_k|head_dim)\s*\)", c) is not None)
+
+line_rule("apply_under_no_grad", "apply runs under torch.no_grad(): no graph, no backward",
+          "torch.no_grad() switches autograd off: the output of apply then has no grad_fn and .backward() "
+          "has nothing to call. Your Function's forward already runs without recording (autograd treats it "
+          "as one step); call apply plainly.", kinds=("autograd",),
+          test=lambda c: re.match(r"with\s+torch\.(?:no_grad|inference_mode)\(\)", c) is not None)
+
+line_rule("zero_for_none", "backward returns 0 for a non-tensor input: None belongs there",
+          "backward returns one value per input of forward: a tensor for q, k, v, and None for causal and "
+          "scale, which have no gradient. A 0 is a value autograd cannot take as one.", kinds=("autograd",),
+          test=lambda c: re.match(r"return\s+.*,\s*0(?:\.0)?\s*(?:,\s*(?:0(?:\.0)?|None)\s*)*$", c) is not None)
+
+line_rule("save_non_tensors", "save_for_backward is given values that are not tensors",
+          "ctx.save_for_backward(...) takes tensors only. Plain values -- causal, scale -- are kept as "
+          "attributes: ctx.causal, ctx.scale = causal, scale.", kinds=("autograd",),
+          test=lambda c: re.search(r"save_for_backward\([^)]*\b(?:causal|scale|is_causal|dropout_p)\b", c) is not None)
+
+line_rule("input_detached", "an input is detached before apply: no gradient reaches it",
+          "x.detach() is a tensor cut off from the graph: autograd will not route a gradient back through "
+          "it to x. apply already hands its forward the data; pass q, k, v as they are.", kinds=("autograd",),
+          before="none_gradient",
+          test=lambda c: re.search(r"\.apply\([^)]*\.detach\(\)", c) is not None)
+
+line_rule("mask_from_empty", "the mask starts from torch.empty: whatever the memory held",
+          "torch.empty allocates without filling: the mask starts from leftover bytes (often all False, "
+          "sometimes not). Each side's limit then takes keys *away* from that. Start from all True: "
+          "torch.ones(S_q, S_k, dtype=torch.bool).", kinds=("window", "beyond"),
+          test=lambda c: re.match(r"(?:seen|mask|visible|keep)\w*\s*=\s*torch\.empty\(", c) is not None)
+
+line_rule("offsets_summed_again", "cu_seqlens are summed up again: they already are the offsets",
+          "cu_seqlens_q = [0, S_0, S_0 + S_1, ...] holds where each sequence *starts* (cumulative lengths), "
+          "so sequence b is rows cu[b] : cu[b + 1]. A cumsum of them adds the offsets up once more.",
+          kinds=("beyond",), test=lambda c: re.search(r"cu\w*\.cumsum\(|cumsum\(\s*cu\w*", c) is not None)
+
+line_rule("packed_lse_unsliced", "the whole packed LSE is handed to one sequence",
+          "The packed LSE is [total, H]: sequence b's rows are lse[qs] (then .T for [H, S_q]). The whole "
+          "tensor has every sequence's rows and fits only when there is one sequence.", kinds=("beyond",),
+          test=lambda c: re.search(r"\blse\.(?:T|transpose\(|t\(\))", c) is not None)
+
+@rule("early_return", "the kernel returns before its store: those rows stay unwritten",
+      "A program that returns early writes nothing, and the launcher's output came from torch.empty: "
+      "whatever memory it got stays there. A block with no work still owns its output rows -- let "
+      "its loop run zero times and store the zeros.", kinds=("dq", "dkdv"))
+def _early_return(ctx):
+    # (a return that skips rows past the end -- a program with nothing to own -- is harmless: only
+    # outputs left holding the checker's poison make it the cause)
+    if not any(t.unwritten for r in ctx.failing for t in r.tensors.values()):
+        return None
+    _, line = _first_found(ctx, _kernel_early_return)
+    return f"`{line}`: an early return; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
+
+
+def _kernel_early_return(src: str):
+    """The ``if ...: return`` of a @triton.jit function (a bare return under a condition)."""
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
+        return None
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in fn.decorator_list):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.If) and any(isinstance(b, ast.Return) and b.value is None for b in node.body):
+                    return f"if {ast.unparse(node.test)}: return"
+    return None
+
+
+def _max_overwritten_before_alpha(src: str):
+    """``m = m_new`` on a line before the one that forms exp(m - m_new) in the same loop."""
+    lines = list(_code_lines(src))
+    for n, line in enumerate(lines):
+        m = re.match(r"(m\w*)\s*=\s*(m_new\w*|new_m\w*|m_ij\w*)\s*$", line)
+        if m and any(re.search(rf"exp2?\(\s*{m.group(1)}\s*-\s*{m.group(2)}\b", later) for later in lines[n + 1:]):
+            return line
+    return None
+
+
+@rule("max_overwritten_before_alpha", "the running max is overwritten before alpha reads it",
+      "alpha = exp(m - m_new) rescales the old sums from the old max to the new one: it needs the *old* "
+      "m. Updated first (m = m_new), alpha is exp(0) = 1 and the old sums are never rescaled. Update m "
+      "last, after alpha, l and acc.", kinds=("online_softmax",))
+def _max_before_alpha(ctx):
+    _, line = _first_found(ctx, _max_overwritten_before_alpha)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+line_rule("causal_in_packed", "a causal mask is added in the packed backward: causal is already in the window",
+          "The packed backward takes no causal flag: a causal call reaches it as the window (left, 0) -- "
+          "right = 0 hides every key after the query. visible_mask(S_q, S_k, window) alone is the mask; "
+          "a causal_mask on top also hides the keys that a window with right > 0 (or no window) lets through.",
+          kinds=("beyond",), before="window_starts_causal", test=lambda c: "causal_mask(" in c)
+
+line_rule("dq_keys_from_diagonal", "the dQ kernel's key loop starts at the query block: the keys before it are skipped",
+          "A query row sees keys 0 ... i (causal) or every key: the dQ kernel's loop starts at key 0 and, "
+          "under causal, ends after the diagonal block. Starting at the query block's own position is the "
+          "dK/dV kernel's loop (queries from the key block on), copied the other way round.", kinds=("dq",),
+          test=lambda c: re.search(r"for\s+\w+\s+in\s+range\(\s*(?:pid_m|start_m|m_start)\b", c) is not None)
