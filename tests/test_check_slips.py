@@ -53,6 +53,7 @@ The diagnoses and what they read:
                       0-d tensors for ints, a copy launched with the original's strides
 """
 import pytest
+import torch
 
 from conftest import SOLUTION_CHECKS, assert_clean, assert_hint, solution
 
@@ -673,3 +674,16 @@ def test_the_codes_warnings_come_with_the_diagnosis(tmp_path):
     assert len(warned) == 1 and "P = torch.nn.functional.softmax(S)" in warned[0], r.code_warnings
     assert "Your code warned: UserWarning: Implicit dimension choice" in " ".join(r.diagnosis().split())
     assert CHECKS["01"](_load(tmp_path, "01")).code_warnings == []
+
+
+def test_a_gpu_run_keeps_a_float32_case(tmp_path, monkeypatch):
+    """On a GPU the autograd checker's cases are float16, where ``q.half()`` changes nothing; the
+    float32 case it adds there still shows the forward run on half-precision copies."""
+    import flashattn.check as check
+
+    monkeypatch.setattr(check, "_default_kernel_dtype", lambda: torch.float16)
+    r = CHECKS["05"](_load(tmp_path, "05", (
+        'o, lse = flashattn.attention_forward(q, k, v, causal, scale)',
+        'o, lse = flashattn.attention_forward(q.half(), k.half(), v.half(), causal, scale)')))
+    assert_hint(r, "forward_half")
+    assert "float32 inputs" in r.table()

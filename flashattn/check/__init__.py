@@ -42,8 +42,8 @@ from typing import Optional, Sequence
 import torch
 
 from .. import runtime
-from .battery import (AUTOGRAD_BATTERY, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY, GQA_CASES, KERNEL_BATTERY, Case,
-                      Output)
+from .battery import (AUTOGRAD_BATTERY, AUTOGRAD_FLOAT32_CASE, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY,
+                      GQA_CASES, KERNEL_BATTERY, Case, Output)
 from . import rules  # noqa: F401  (registers every diagnosis, in order)
 from .diagnose import RULES, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
@@ -324,7 +324,11 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Tr
         outs.update({names[n]: g for n, g in zip(wanted, grads)})
         return outs, refs, {}
 
-    return run_battery("check.autograd_function", fn, _with_gqa(cases or AUTOGRAD_BATTERY, gqa),
+    if cases is None:
+        cases = AUTOGRAD_BATTERY
+        if dtype is None and _default_kernel_dtype() != torch.float32:
+            cases += (AUTOGRAD_FLOAT32_CASE,)
+    return run_battery("check.autograd_function", fn, _with_gqa(cases, gqa),
                        run_case, kind="autograd", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed,
                        with_do=True, variants=_variants("autograd"), raise_on_fail=raise_on_fail,
                        show=show)

@@ -197,6 +197,11 @@ AUTOGRAD_BATTERY: tuple[Case, ...] = (
     _c("scale=None (default)", 1, 2, 24, 24, 32, True, scale_none=True),
 )
 
+#: Added to the autograd checker's cases on a GPU, where the other cases are float16: a model
+#: trained in float32 must get float32 back (a forward that calls ``.half()`` on its inputs
+#: is exact when they are float16 already). On the CPU every case is float32.
+AUTOGRAD_FLOAT32_CASE = _c("float32 inputs", 1, 2, 24, 40, 32, True, dtype=torch.float32)
+
 
 # --------------------------------------------------------------------------------------
 # poison and guard values
