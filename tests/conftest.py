@@ -100,10 +100,9 @@ _HEADER = ("import math\nimport torch\nimport triton\nimport triton.language as 
            "from flashattn.reference import causal_mask\nfrom flashattn.beyond import dropout_mask\n\n")
 
 
-def solution(tmp_path, exercise, edit=None):
-    """The definitions of exercise ``exercise``'s worked solution as a module (a file: triton.jit
-    reads a kernel's source), with ``edit = (old, new)`` (or a list of them) applied; each
-    ``old`` must occur exactly once."""
+def solution_code(exercise, edit=None) -> str:
+    """The definitions of exercise ``exercise``'s worked solution (its notebook's code cells), with
+    ``edit = (old, new)`` (or a list of them) applied; each ``old`` must occur exactly once."""
     name, markers, cut = NOTEBOOKS[exercise]
     nb = json.loads((Path(__file__).parents[1] / "solutions" / name).read_text())
     cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
@@ -112,6 +111,12 @@ def solution(tmp_path, exercise, edit=None):
     for old, new in ([edit] if isinstance(edit, tuple) else edit or []):
         assert code.count(old) == 1, old
         code = code.replace(old, new)
+    return code
+
+
+def solution(tmp_path, exercise, edit=None):
+    """``solution_code`` as a module (a file: triton.jit reads a kernel's source)."""
+    code = solution_code(exercise, edit)
     path = tmp_path / f"solution_{exercise}_{abs(hash(code))}.py"
     path.write_text(_HEADER + code)
     spec = importlib.util.spec_from_file_location(path.stem, path)

@@ -1,6 +1,8 @@
 """flashattn.check at the PyTorch level: every diagnosis is proven by a small buggy function
 that triggers exactly that hint, and the correct implementation triggers none. Also: where a
 function came from (test_check_kernels.py does the kernels)."""
+import re
+
 import pytest
 import torch
 
@@ -329,6 +331,8 @@ def make_function(bug=None):
                 return dk, dq, dv, None, None
             if bug == "count":
                 return dq, dk, dv
+            if bug == "do_strided_only" and do.stride(-1) != 1:   # wrong for a strided or stride-0 dO
+                dq, dk, dv = (t + 0.05 * torch.roll(t, 1, dims=-2) for t in (dq, dk, dv))
             return dq, dk, dv, None, None
 
     def attention(q, k, v, causal=False, scale=None):
@@ -804,3 +808,49 @@ def test_input_written_in_place_is_named(checker, fn, says):
     r = run_checker(checker, fn)
     assert_hint(r, "input_modified")
     assert says in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+# ---- the fallbacks: a case property that explains the failures when no slip fits
+def _wrong_where(test):
+    """The right backward, its three gradients perturbed (not by a constant factor) where ``test``
+    of the inputs holds."""
+    right = make_backward_lse()
+
+    def attention_backward(q, k, v, o, do, lse, causal, scale):
+        grads = right(q, k, v, o, do, lse, causal, scale)
+        if test(q, k, v, do):
+            grads = tuple(t + 0.05 * torch.roll(t, 1, dims=-2) for t in grads)
+        return grads
+    return attention_backward
+
+
+def _window_off_at_the_corner(S_q, S_k, window):
+    from flashattn.beyond.reference import window_mask
+    mask = window_mask(S_q, S_k, window=window).clone()
+    if tuple(window) != (-1, -1):
+        mask[0, -1] = ~mask[0, -1]
+    return mask
+
+
+@pytest.mark.parametrize("checker, fn, hint", [
+    (check.attention_backward, _wrong_where(lambda q, k, v, do: not all(t.is_contiguous() for t in (q, k, v))),
+     "strides"),
+    (check.window_mask, _window_off_at_the_corner, "window_cases"),
+], ids=["strides", "window_cases"])
+def test_fallbacks_name_the_cases(checker, fn, hint):
+    assert_hint(run_checker(checker, fn), hint)
+
+
+def test_a_gradient_wrong_for_strided_do_is_named():
+    assert_hint(run_checker(check.autograd_function, make_function("do_strided_only")), "do_strides")
+
+
+def test_every_diagnosis_is_proven():
+    """Each diagnosis id is asserted somewhere in the tests (a planted bug or a one-line edit of
+    a worked solution that triggers exactly it)."""
+    import pathlib
+    here = pathlib.Path(__file__).parent
+    text = "\n".join(p.read_text() for p in here.glob("test_*.py"))
+    text += (here.parent / "flashattn" / "planted.py").read_text()
+    unproven = [r.id for r in check.RULES if not re.search(rf"""['"\[]{re.escape(r.id)}['"\]]""", text)]
+    assert not unproven, f"diagnoses no test triggers: {unproven}"

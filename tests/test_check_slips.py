@@ -237,7 +237,7 @@ EDITS = [
     ("02o", "for start in range(0, S_k, block_n):", "for start in range(0, S_k + 1, block_n):", "range_past_end",
      "one past the length"),
     ("02o", "rows = torch.arange(S_q, device=q.device)[:, None]", "rows = torch.arange(S_k, device=q.device)[:, None]",
-     "exception", "rows [S_k, 1] from `rows = torch.arange(S_k, device=q.device)[:, None]` has 50 entries"),
+     "positions_from_other_length", "`rows = torch.arange(S_k, device=q.device)[:, None]`"),
     ("02o", "l = l * alpha + p.sum(dim=-1, keepdim=True)", "l = (l + p.sum(dim=-1, keepdim=True)) * alpha",
      "online_l_rescales_new", "rescaled too"),
     ("02o", "vb = v[:, :, start:start + block_n].float()", "vb = k[:, :, start:start + block_n].float()",
@@ -314,7 +314,7 @@ EDITS = [
     ("09m", "seen &= j <= i + right", "seen &= j <= i + left", "window_other_side", "other side's width"),
     ("09m", "seen &= j >= i - left", "seen &= j >= i + left", "window_edge_sign", "sign slip"),
     ("09m", "seen &= j <= i + right", "seen |= j <= i + right", "window_or", "| (or)"),
-    ("09m", "if right >= 0:", "if right:", "window_truthiness", "truthiness"),
+    ("09m", "if right >= 0:", "if right:", "window_truthiness", "`if right:`"),
     ("09m", "seen = torch.ones(S_q, S_k, dtype=torch.bool)", "seen = torch.zeros(S_q, S_k, dtype=torch.bool)",
      "window_empty", "starts empty"),
     ("09m", "    if right >= 0:\n", "    elif right >= 0:\n", "window_elif", "elif"),
@@ -627,6 +627,45 @@ EDITS = [
     ('09m', 'left, right = window',
      'left, right = (max(w, 0) for w in window)',
      'window_sentinel_clamped', 'clamped to 0'),
+    # blind set S: S_k and S_q swapped in causal_mask and dropout_mask, positions from the other
+    # length, m + l for the LSE, a loop over full blocks only, V dO^T for dP, an inverted guard,
+    # a term computed and left out of its formula
+    ('01', 'causal_mask(S.shape[-2], S.shape[-1], S.device)', 'causal_mask(S.shape[-1], S.shape[-2], S.device)',
+     'lengths_swapped_in_call', '`S = S.masked_fill(~causal_mask(S.shape[-1], S.shape[-2]'),
+    ('09b', 'dropout_mask(seed, H, S_q, S_k, dropout_p', 'dropout_mask(seed, H, S_k, S_q, dropout_p',
+     'lengths_swapped_in_call', 'dropout_mask(seed, H, S_k, S_q'),
+    ('09m', 'i = torch.arange(S_q)[:, None]', 'i = torch.arange(S_k)[:, None]',
+     'positions_from_other_length', '`i = torch.arange(S_k)[:, None]`'),
+    ('02o', '(m + torch.log(l)).squeeze(-1)', '(m + l).squeeze(-1)', 'lse_without_log', 'the log of the sum is missing'),
+    ('03', 'for start_n in range(0, kv_end, BLOCK_N):', 'for start_n in range(0, kv_end - BLOCK_N + 1, BLOCK_N):',
+     'loop_stops_before_partial_block', 'range(0, kv_end - BLOCK_N + 1, BLOCK_N)'),
+    ('07', 'dA = do @ v.T', 'dA = v @ do.T', 'dp_transposed', '`dA = v @ do.T`'),
+    ('05', 'if ctx.needs_input_grad[0]:', 'if not ctx.needs_input_grad[0]:', 'none_gradient', 'The guard is inverted'),
+    ('07', 'gate = causal & (P + c[:, None] > 0)', 'gate = causal & (P > 0)', 'discarded_value',
+     '`c` is computed and then never read'),
+    # blind set T: delta loaded through the LSE's pointer (its own base pointer left unused)
+    ('03', 'delta = tl.load(delta_base + offs_m * stride_delta_s, mask=row_ok, other=0.0)',
+     'delta = tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)', 'discarded_value',
+     'loads delta through another tensor\'s pointer'),
+    # blind set S: batch and heads merged by .view (B = 2 in [B, S, H, D] memory)
+    ('01', '    S = (q @ k.transpose(-1, -2)) * scale\n',
+     '    B, H, S_q, D = q.shape\n    S = torch.bmm(q.view(B * H, S_q, D), k.view(B * H, -1, D).transpose(1, 2))'
+     '.view(B, H, S_q, -1) * scale\n', 'exception', '.view needs memory laid out for it'),
+    # blind set R: exp(S) / exp(LSE) (only the large-score case overflows), a frozen q's guard
+    # around the dK/dV call
+    ('02p', 'return torch.exp(S - lse[..., None])', 'return torch.exp(S) / torch.exp(lse[..., None])',
+     'exp_overflow', '`return torch.exp(S) / torch.exp(lse[..., None])`'),
+    ('05', '        dq = None\n        if ctx.needs_input_grad[0]:\n'
+           '            dq = flashattn.attention_backward_dq(q, k, v, do, lse, delta, ctx.causal, ctx.scale)\n'
+           '        dk, dv = flashattn.attention_backward_dkdv(',
+     '        dq = dk = dv = None\n        if ctx.needs_input_grad[0]:\n'
+     '            dq = flashattn.attention_backward_dq(q, k, v, do, lse, delta, ctx.causal, ctx.scale)\n'
+     '            dk, dv = flashattn.attention_backward_dkdv(',
+     'none_gradient', 'sits inside `if ctx.needs_input_grad[0]:`'),
+    # (the line rule divides_by_p takes a bare `/ dropout_p`; guarded against p = 0, the outputs tell)
+    ('09b', 'z = keep.to(q.dtype) / (1.0 - dropout_p)',
+     'z = keep.to(q.dtype) / (dropout_p if dropout_p > 0 else 1.0)',
+     'rescale_by_p', 'divides by p'),
     ('09b', 'dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)',
      'dq = dk = dv = torch.zeros_like(q)',
      'shape', 'makes *one* tensor and gives it 3 names'),

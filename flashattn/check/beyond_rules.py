@@ -6,8 +6,10 @@ a window, only with several sequences -- when no fingerprint fits. Registered in
 """
 from __future__ import annotations
 
+import re
+
 from . import window_edges
-from .diagnose import fingerprint_rule, in_every_failing_case, rule
+from .diagnose import fingerprint_rule, fingerprint_test, in_every_failing_case, rule
 
 KINDS = ("window", "beyond")
 WINDOW_IDEA = ("window = (left, right): query i sees keys i - left ... i + right, both ends included "
@@ -58,9 +60,19 @@ _slip_rule("window_other_side", "one edge of the window uses the other side's wi
 _slip_rule("window_edge_sign", "a sign slip in one edge of the window",
            WINDOW_IDEA + " Keys before the query: j >= i - left; keys after it: j <= i + right. Yours has "
            "the wrong sign or the operands the other way round (left - i, i + left, i - right).")
-_slip_rule("window_truthiness", "a side of the window is tested by truthiness (if left:)",
-           WINDOW_IDEA + " `if left:` is False for 0 -- a real bound, no key before the query -- and True "
-           "for -1, which means no limit. Test the sentinel itself: if left >= 0 (or != -1).")
+@rule("window_truthiness", "a side of the window is tested by truthiness (if left: or if right:)",
+      WINDOW_IDEA + " `if left:` is False for 0 -- a real bound, no key before the query -- and True "
+      "for -1, which means no limit (`if right:` likewise). Test the sentinel itself: if left >= 0 "
+      "(or != -1).", kinds=KINDS)
+def _window_truthiness(ctx):
+    seen = fingerprint_test("window_truthiness")(ctx)
+    if seen is None:
+        return None
+    from .code_rules import _first_line
+
+    line = _first_line(ctx, lambda c: re.match(r"(?:el)?if\s+(?:not\s+)?\(?\s*\w+\s*\)?\s*:", c) is not None and
+                       re.search(r"\b(?:left|right|w|window\[\d\])\b", c) is not None)
+    return (f"`{line}`; " if line else "") + seen
 _slip_rule("window_empty", "the mask is False everywhere: it starts empty",
            WINDOW_IDEA + " Start from a mask where every key is seen (torch.ones(..., dtype=torch.bool)) "
            "and take keys away with &= for each limited side; a mask that starts all False stays all False.",

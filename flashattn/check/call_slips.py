@@ -14,7 +14,7 @@ import ast
 import re
 import textwrap
 
-from .code_rules import _code_lines, _first_found, line_rule
+from .code_rules import _code_lines, _first_found, _first_line, line_rule
 from .diagnose import rule
 from .line_slips import _TORCH_KINDS
 
@@ -178,3 +178,58 @@ line_rule("dq_keys_from_diagonal", "the dQ kernel's key loop starts at the query
           "under causal, ends after the diagonal block. Starting at the query block's own position is the "
           "dK/dV kernel's loop (queries from the key block on), copied the other way round.", kinds=("dq",),
           test=lambda c: re.search(r"for\s+\w+\s+in\s+range\(\s*(?:pid_m|start_m|m_start)\b", c) is not None)
+
+
+@rule("exp_overflow", "exp of a raw score overflows: subtract the row's maximum or LSE inside the exp",
+      "float32's exp overflows to inf past 88.7 (fp16's past 11): exp(S) / exp(LSE) and exp(S) / sum "
+      "exp(S) are inf / inf = NaN for a large score, although they equal exp(S - LSE) on paper. The "
+      "softmax is safe only as exp(S - m) with m the row's maximum (or LSE), which keeps every "
+      "exponent <= 0.", kinds=_DENSE)
+def _exp_overflow(ctx):
+    if not ctx.failing or not all(r.case.name.startswith("large scores") for r in ctx.failing):
+        return None
+    line = _first_line(ctx, lambda c: re.search(r"\bexp2?\(\s*[\w.\[\]]+\s*(?:[*/][^-()]*)?\)", c) is not None)
+    return (f"`{line}`; " if line else "") + ctx.case_pattern()
+
+
+#: a line that switches between two forms (a test's planted function): not a learner's slip
+_SWITCH = re.compile(r"\bif\b.*\belse\b")
+
+_SQ = r"(?:S_q|\w+\.shape\[\s*-2\s*\]|\w+\.size\(\s*-2\s*\))"
+_SK = r"(?:S_k|\w+\.shape\[\s*-1\s*\]|\w+\.size\(\s*-1\s*\))"
+
+line_rule("lengths_swapped_in_call", "S_k and S_q are passed the other way round",
+          "causal_mask(S_q, S_k, ...) and dropout_mask(seed, H, S_q, S_k, ...) take the queries' length first: "
+          "their result is [S_q, S_k], a row per query. Swapped, the mask is [S_k, S_q] -- the same when "
+          "S_q = S_k, so square cases pass -- and meets the scores only by accident elsewhere.",
+          test=lambda c: not _SWITCH.search(c) and re.search(rf"causal_mask\(\s*{_SK}\s*,\s*{_SQ}(?!\w)|dropout_mask\([^,()]+,[^,()]+,\s*{_SK}\s*,"
+                                   rf"\s*{_SQ}(?!\w)", c) is not None)
+
+line_rule("positions_from_other_length", "query positions built from S_k (or key positions from S_q)",
+          "Rows are queries, columns keys: i = torch.arange(S_q)[:, None] (one per query), j = "
+          "torch.arange(S_k)[None, :] (one per key). A position vector from the other length has the "
+          "other axis's size: it lines up only where S_q = S_k.",
+          kinds=("window", "beyond", "backward", "rebuild_p", "online_softmax", "lazy"),
+          test=lambda c: not _SWITCH.search(c) and re.match(r"\s*(?:i|rows?|q_pos\w*|query_pos\w*)\s*=\s*torch\.arange\(\s*S_k\b", c) is not None
+          or not _SWITCH.search(c) and re.match(r"\s*(?:j|cols?|k_pos\w*|key_pos\w*)\s*=\s*torch\.arange\(\s*S_q\b", c) is not None)
+
+line_rule("lse_without_log", "the LSE is m + l: the log of the sum is missing",
+          "l is the running *sum* of exp(S - m); the log-sum-exp is m + log(l). m + l mixes a log-domain "
+          "number with a plain one; O = acc / l is unaffected, only the LSE is off.",
+          kinds=("online_softmax",),
+          test=lambda c: not _SWITCH.search(c) and re.search(r"\bm\w*\s*\+\s*l\w*\b", c) is not None and "log" not in c)
+
+line_rule("loop_stops_before_partial_block", "the loop stops before the partial last block",
+          "range(0, S - BLOCK + 1, BLOCK) visits only full blocks: the last, partial one (S not a multiple "
+          "of BLOCK) is never visited, and its keys (or rows) never counted. Loop to the end -- range(0, S, "
+          "BLOCK) -- and let the masks take care of the positions past it.",
+          kinds=("dq", "dkdv"),     # (02o's online softmax: the fingerprint online_drop_partial, exact)
+          test=lambda c: not _SWITCH.search(c) and re.search(r"range\([^,()]+,\s*[\w.]+\s*-\s*(?:BLOCK_\w+|block_\w+)\s*\+\s*1\s*,", c)
+          is not None)
+
+line_rule("dp_transposed", "dP is built as V dO^T: the transpose of dO V^T",
+          "dP = dO V^T, [S_q, S_k], a row per query like P. V dO^T is [S_k, S_q], its transpose: it fits only "
+          "where S_q = S_k, and there it pairs each query with the wrong key.",
+          kinds=("lazy",),    # (elsewhere S_q != S_k raises, and the exception's idea says it)
+          test=lambda c: not _SWITCH.search(c) and re.search(r"=\s*v\w*\s*@\s*(?:do|d_o|dout|grad_out)\w*\.(?:T\b|mT\b|t\(\)|transpose\()", c)
+          is not None)

@@ -69,6 +69,15 @@ def _code_lines(src: str):
             yield code
 
 
+def syntax_trees(ctx):
+    """The learner's sources, each parsed (those that do not parse are passed over)."""
+    for src in ctx.sources:
+        try:
+            yield ast.parse(textwrap.dedent(src))
+        except SyntaxError:
+            continue
+
+
 def _first_line(ctx, test):
     """The first code line of the learner's sources for which ``test(line)`` holds, or None."""
     _, line = _first_found(ctx, lambda src: next((c for c in _code_lines(src) if test(c)), None))
@@ -395,7 +404,25 @@ def unused_assignments(ctx) -> list:
       "change a tensor in place.")
 def _discarded_value(ctx):
     lines = unused_assignments(ctx)
-    return f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}" if lines else None
+    if not lines:
+        return None
+    evidence = f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}"
+    name = re.match(r"\s*(\w+)\s*=(?!=)", lines[0])
+    pointer = name and re.fullmatch(r"(\w+?)_(?:base|ptrs?)", name.group(1))
+    if pointer:   # delta_base unused, delta loaded through another tensor's pointer (a copied line)
+        what = pointer.group(1)
+        _, load = _first_found(ctx, lambda src: next(
+            (c for c in _code_lines(src) if re.match(rf"{what}\w*\s*=\s*tl\.load\(", c) and name.group(1) not in c), None))
+        if load:
+            return (f"{evidence}; `{load}` loads {what} through another tensor's pointer",
+                    f"`{name.group(1)}` is made and never read, and {what} is loaded from another tensor's "
+                    f"pointer and strides -- a line copied from the one above and not fully edited. Load "
+                    f"{what} through `{name.group(1)}` with its own strides.")
+    if name:      # a name computed, then left out: the formula it belongs in runs without it
+        return (evidence, f"`{name.group(1)}` is computed and then never read: the formula it was made for "
+                          f"runs without it. Find the line whose math has that term (the wrong outputs say which "
+                          f"step) and put `{name.group(1)}` back into it.")
+    return evidence
 
 
 # --------------------------------------------------------------------------------------
@@ -470,3 +497,42 @@ def low_dtype_casts(ctx) -> list:
                 if _LOW_CAST.search(line) and not line.strip().startswith("#")]
     return out
 
+
+def guard_story(ctx, missing) -> tuple | None:
+    """(evidence, idea) for gradients (``missing``: "q", "k", "v") that came back None because of
+    their ``needs_input_grad`` guard: inverted (``if not ...``), or another input's."""
+    inverted = _first_line(ctx, lambda c: re.search(r"\bif\s+not\s+(?:\w+\.)?needs_input_grad\[", c) is not None)
+    if inverted:
+        return (f"`{inverted}`",
+                "The guard is inverted: ctx.needs_input_grad[i] is True when input i *needs* its gradient. "
+                "`if not ...` computes the gradient exactly when nobody wants it and returns None when "
+                "somebody does. Drop the `not`.")
+    guarded = under_another_guard(ctx, missing)
+    if guarded:
+        return (f"`{guarded[0]}` sits inside `{guarded[1]}`",
+                "Each gradient needs its own guard: ctx.needs_input_grad[i] is indexed like forward's "
+                "inputs, 0 q, 1 k, 2 v. Computed inside another input's guard, a gradient is None whenever "
+                "that other input needs none -- a frozen q takes dK and dV with it. Give the dK/dV call "
+                "its own `if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:` (or none at all).")
+    return None
+
+
+def under_another_guard(ctx, missing) -> tuple | None:
+    """(the line, its guard) where a missing gradient (q, k, v) is assigned inside an
+    ``if ...needs_input_grad[i]`` for another input i, else None."""
+    index = {"q": 0, "k": 1, "v": 2}
+    for tree in syntax_trees(ctx):
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.If):
+                continue
+            test = ast.unparse(node.test)
+            guards = {int(i) for i in re.findall(r"needs_input_grad\[(\d)\]", test)}
+            if not guards:
+                continue
+            for stmt in ast.walk(ast.Module(body=node.body, type_ignores=[])):
+                targets = [t for a in ([stmt] if isinstance(stmt, ast.Assign) else []) for t in a.targets]
+                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                for name in missing:
+                    if f"d{name}" in names and index[name] not in guards:
+                        return ast.unparse(stmt).splitlines()[0], f"if {test}:"
+    return None

@@ -15,7 +15,7 @@ import re
 import textwrap
 from pathlib import Path
 
-from .code_rules import _code_lines, _first_found, _first_line, line_rule
+from .code_rules import _code_lines, _first_found, _first_line, line_rule, syntax_trees
 from .diagnose import rule
 from .origin import _PACKAGE, _unwrap
 
@@ -111,11 +111,7 @@ def _same_argument_twice(ctx):
     """(call, argument, [its two parameters]) for a call of the learner's own function that passes
     one expression (not a name alone, not a constant) for two parameters."""
     glb = getattr(_unwrap(ctx.subject), "__globals__", {})
-    for src in ctx.sources:
-        try:
-            tree = ast.parse(textwrap.dedent(src))
-        except SyntaxError:
-            continue
+    for tree in syntax_trees(ctx):
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
                 continue
