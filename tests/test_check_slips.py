@@ -643,6 +643,16 @@ EDITS = [
     ('05', 'if ctx.needs_input_grad[0]:', 'if not ctx.needs_input_grad[0]:', 'none_gradient', 'The guard is inverted'),
     ('07', 'gate = causal & (P + c[:, None] > 0)', 'gate = causal & (P > 0)', 'discarded_value',
      '`c` is computed and then never read'),
+    # blind set U: the LSE's base from a length, a bottom-right causal mask in the kernel, the
+    # group loop from 1, dTau divided by L
+    ('03', 'lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h',
+     'lse_base = LSE + pid_bh.to(tl.int64) * S_q', 'offset_from_length', '`lse_base = LSE + pid_bh.to(tl.int64) * S_q`'),
+    ('03', 'visible = visible & (offs_n[None, :] <= offs_m[:, None])',
+     'visible = visible & (offs_n[None, :] <= offs_m[:, None] + S_k - S_q)', 'kernel_mask_bottom_right', 'S_k - S_q'),
+    ('04', 'for g in range(0, GROUP_SIZE):', 'for g in range(1, GROUP_SIZE + 1):', 'group_loop_from_one',
+     'range(1, GROUP_SIZE + 1)'),
+    ('07', 'dtau = (dP.sum(-1) / (i + 1)).sum()', 'dtau = (dP.sum(-1) / L).sum()', 'lazy_dtau_by_length',
+     '`dtau = (dP.sum(-1) / L).sum()`'),
     # blind set T: delta loaded through the LSE's pointer (its own base pointer left unused)
     ('03', 'delta = tl.load(delta_base + offs_m * stride_delta_s, mask=row_ok, other=0.0)',
      'delta = tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok, other=0.0)', 'discarded_value',

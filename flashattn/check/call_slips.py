@@ -233,3 +233,31 @@ line_rule("dp_transposed", "dP is built as V dO^T: the transpose of dO V^T",
           kinds=("lazy",),    # (elsewhere S_q != S_k raises, and the exception's idea says it)
           test=lambda c: not _SWITCH.search(c) and re.search(r"=\s*v\w*\s*@\s*(?:do|d_o|dout|grad_out)\w*\.(?:T\b|mT\b|t\(\)|transpose\()", c)
           is not None)
+
+# blind set U
+line_rule("offset_from_length", "a base pointer is offset by a length, not by the tensor's strides",
+          "pid_bh * S_q places row 0 of head (b, h) as if LSE and delta were one contiguous [B * H, S_q] "
+          "block. The ones handed in may be padded or strided (a slice of a bigger buffer): offset each by "
+          "b * stride_b + h * stride_h, the strides the launcher passes, and step rows by stride_s.",
+          kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"\w*(?:base|ptrs?)\w*\s*=\s*[A-Z_]+\s*\+\s*[\w.()]+\s*\*\s*(?:S_q|S_k|N_CTX|SEQ\w*)\b",
+                                   c) is not None)
+
+line_rule("kernel_mask_bottom_right", "the causal mask is aligned bottom-right (shifted by S_k - S_q)",
+          "The course's causal mask is aligned top-left: query i sees keys j <= i, whatever S_q and S_k "
+          "(as SDPA's is_causal). Shifting it by S_k - S_q is FlashAttention's bottom-right alignment: the "
+          "same where S_q = S_k, another mask everywhere else.", kinds=("dq", "dkdv"),
+          test=lambda c: not _SWITCH.search(c) and re.search(r"offs_\w+", c) is not None and
+          re.search(r"\bS_k\s*-\s*S_q\b|\bS_q\s*-\s*S_k\b", c) is not None)
+
+line_rule("group_loop_from_one", "the loop over a group's query heads counts from 1",
+          "The query heads of kv head h_kv are h_kv * GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1: "
+          "range(GROUP_SIZE). range(1, GROUP_SIZE + 1) skips the group's first head and reads the next "
+          "group's first (past the last head for the last group).", kinds=("dq", "dkdv"),
+          test=lambda c: re.search(r"range\(\s*1\s*,\s*\w*(?:GROUP|group)\w*\s*\+\s*1\s*\)", c) is not None)
+
+line_rule("lazy_dtau_by_length", "dTau divides every row by L: row i's bias term is tau / (i + 1)",
+          "Lazy attention adds c_i = tau / (i + 1) to row i, so dTau = sum_i rowsum(dP_i * gate_i) / (i + 1), "
+          "one divisor per row. Dividing by L (or any one number) weights every row alike.", kinds=("lazy",),
+          test=lambda c: re.match(r"\s*d_?tau\w*\s*=", c) is not None and
+          re.search(r"/\s*\(?\s*(?:L|S|seq_len|n)\s*\)?(?!\s*[+\-*])", c) is not None and "i + 1" not in c)
