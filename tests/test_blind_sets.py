@@ -6,19 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from blind_sets.run import load_set as _variants
 from conftest import solution_code
 from flashattn import check
 
 HERE = Path(__file__).parent / "blind_sets"
 SETS = sorted(p.stem[4:] for p in HERE.glob("set_*.py"))
 
-
-def _variants(name):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(f"set_{name}", HERE / f"set_{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.VARIANTS
 
 
 @pytest.mark.parametrize("name", SETS)

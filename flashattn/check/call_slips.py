@@ -19,6 +19,8 @@ from .diagnose import rule
 from .line_slips import _TORCH_KINDS
 
 _DENSE = ("backward", "rebuild_p", "online_softmax")     # the exercises whose q, k, v are [B, H, S, D]
+#: a line that switches between two forms (a test's planted function): not a learner's slip
+_SWITCH = re.compile(r"\bif\b.*\belse\b")
 
 line_rule("hidden_plus_inf", "the hidden scores are filled with +inf: -inf belongs there",
           "A hidden key must get P = 0, so its score is -inf before the softmax (exp(-inf) = 0). +inf makes "
@@ -42,7 +44,7 @@ line_rule("T_of_4d", "`.T` of a 4-D tensor reverses all four axes",
           "On a tensor of more than two dimensions .T reverses *every* axis: k.T of [B, H, S_k, D] is "
           "[D, S_k, H, B]. Swap the last two only: k.transpose(-1, -2) (or k.mT).", kinds=_DENSE + ("autograd",),
           test=lambda c: re.search(r"\b(?:q|k|v|o|do|dS|ds|P|S)\.T\b", c) is not None and
-          not re.search(r"\bif\b.*\belse\b", c))       # (a test's switch between two forms)
+          not _SWITCH.search(c))
 
 line_rule("lse_recomputed", "the LSE is recomputed instead of the forward's being used",
           "P = exp(S - LSE) with the forward's LSE, one per query row: the lesson's point is that it is "
@@ -192,9 +194,6 @@ def _exp_overflow(ctx):
     return (f"`{line}`; " if line else "") + ctx.case_pattern()
 
 
-#: a line that switches between two forms (a test's planted function): not a learner's slip
-_SWITCH = re.compile(r"\bif\b.*\belse\b")
-
 _SQ = r"(?:S_q|\w+\.shape\[\s*-2\s*\]|\w+\.size\(\s*-2\s*\))"
 _SK = r"(?:S_k|\w+\.shape\[\s*-1\s*\]|\w+\.size\(\s*-1\s*\))"
 
@@ -210,8 +209,9 @@ line_rule("positions_from_other_length", "query positions built from S_k (or key
           "torch.arange(S_k)[None, :] (one per key). A position vector from the other length has the "
           "other axis's size: it lines up only where S_q = S_k.",
           kinds=("window", "beyond", "backward", "rebuild_p", "online_softmax", "lazy"),
-          test=lambda c: not _SWITCH.search(c) and re.match(r"\s*(?:i|rows?|q_pos\w*|query_pos\w*)\s*=\s*torch\.arange\(\s*S_k\b", c) is not None
-          or not _SWITCH.search(c) and re.match(r"\s*(?:j|cols?|k_pos\w*|key_pos\w*)\s*=\s*torch\.arange\(\s*S_q\b", c) is not None)
+          test=lambda c: not _SWITCH.search(c) and re.match(
+              r"\s*(?:(?:i|rows?|q_pos\w*|query_pos\w*)\s*=\s*torch\.arange\(\s*S_k"
+              r"|(?:j|cols?|k_pos\w*|key_pos\w*)\s*=\s*torch\.arange\(\s*S_q)\b", c) is not None)
 
 line_rule("lse_without_log", "the LSE is m + l: the log of the sum is missing",
           "l is the running *sum* of exp(S - m); the log-sum-exp is m + log(l). m + l mixes a log-domain "

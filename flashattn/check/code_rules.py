@@ -411,8 +411,7 @@ def _discarded_value(ctx):
     pointer = name and re.fullmatch(r"(\w+?)_(?:base|ptrs?)", name.group(1))
     if pointer:   # delta_base unused, delta loaded through another tensor's pointer (a copied line)
         what = pointer.group(1)
-        _, load = _first_found(ctx, lambda src: next(
-            (c for c in _code_lines(src) if re.match(rf"{what}\w*\s*=\s*tl\.load\(", c) and name.group(1) not in c), None))
+        load = _first_line(ctx, lambda c: re.match(rf"{what}\w*\s*=\s*tl\.load\(", c) and name.group(1) not in c)
         if load:
             return (f"{evidence}; `{load}` loads {what} through another tensor's pointer",
                     f"`{name.group(1)}` is made and never read, and {what} is loaded from another tensor's "
@@ -530,8 +529,9 @@ def under_another_guard(ctx, missing) -> tuple | None:
             if not guards:
                 continue
             for stmt in ast.walk(ast.Module(body=node.body, type_ignores=[])):
-                targets = [t for a in ([stmt] if isinstance(stmt, ast.Assign) else []) for t in a.targets]
-                names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+                if not isinstance(stmt, ast.Assign):
+                    continue
+                names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
                 for name in missing:
                     if f"d{name}" in names and index[name] not in guards:
                         return ast.unparse(stmt).splitlines()[0], f"if {test}:"

@@ -290,8 +290,8 @@ def fingerprint_test(name: str):
 def _only_without_causal(ctx) -> str:
     """A note when exactly the non-causal cases fail: the right computation ran only under causal."""
     causal = [r for r in ctx.results if getattr(r.case, "causal", None) is True]
-    branch = any(re.search(r"\bif\s+(?:not\s+)?(?:\w+\.)?(?:causal|CAUSAL|is_causal)\b", src) for src in ctx.sources)
-    if causal and branch and all(r.ok for r in causal) and all(getattr(r.case, "causal", None) is False for r in ctx.failing):
+    if causal and all(r.ok for r in causal) and all(getattr(r.case, "causal", None) is False for r in ctx.failing) \
+            and any(re.search(r"\bif\s+(?:not\s+)?(?:\w+\.)?(?:causal|CAUSAL|is_causal)\b", src) for src in ctx.sources):
         return ("; only cases without the causal mask fail, and every causal case passes: the step that "
                 "computes this right runs only under causal -- inside the `if causal:` branch (indented "
                 "one level too deep?) where it belongs before it")

@@ -126,11 +126,11 @@ def _none_gradient(ctx):
                 "The gradient is computed but not returned: the name assigned is not the one returned (a "
                 "typo, d_q for dq?), or it is assigned after the return. backward returns one value per "
                 "forward input, in order.")
-    # None for *every* input that needs a gradient, in every case: the guard is the wrong way round
     from .code_rules import guard_story
     story = guard_story(ctx, getattr(r.error, "missing", ()))
     if story:                      # `if not needs_input_grad[i]`, or dK/dV inside q's guard
         return f"{evidence}; {story[0]}", story[1]
+    # None for *every* input that needs a gradient, in every case: the guard is the wrong way round
     if all(isinstance(x.error, NoGradient) and set(getattr(x.error, "missing", ())) == set(x.case.requires)
            for x in ctx.results):
         return (evidence + "; in every case, for every input that requires grad",
