@@ -339,6 +339,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dropin", action="store_true",
                     help="instead of the grid: what SDPA users meet (head dims 80-256, GQA, S_q != S_k, "
                          "fp32, autocast, first-call time), flashattn next to SDPA's backends")
+    ap.add_argument("--groups", nargs="+", default=None,
+                    help="with --dropin: only the groups starting with these words (e.g. fp32 autocast), "
+                         "and no first-call times")
     ap.add_argument("--no-precompile", action="store_true",
                     help="let the autotuner compile lazily instead of compiling all variants first")
     args = ap.parse_args(argv)
@@ -405,8 +408,9 @@ def _main_dropin(args, env, argv) -> int:
         (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows,
                                                       "first_call": first}, indent=1))
 
-    first.extend(bench_dropin.first_calls())     # before anything compiles in this process
-    rows = bench_dropin.run(args.rep_ms, on_row=save)
+    if not args.groups:
+        first.extend(bench_dropin.first_calls())     # before anything compiles in this process
+    rows = bench_dropin.run(args.rep_ms, on_row=save, groups=args.groups)
     save(rows)
     print(bench_dropin.format_table(rows, first))
     print(f"\nwrote {out / (stem + '.json')}")

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from . import runtime
 from .api import scaled_dot_product_attention
 from .bench import attention_flops, median_ms
 
@@ -45,12 +46,23 @@ PROVIDERS = {
 
 
 def measure(fn, B, H, H_kv, S_q, S_k, D, causal, dtype, rep_ms=100, autocast=None) -> dict:
-    """Forward and backward time (ms) and TFLOP/s of one provider, or the error it raised."""
+    """Forward and backward time (ms) and TFLOP/s of one provider, or the error it raised.
+    Under autocast the inputs are activations (results of an operation, as a model's q, k, v
+    are), not leaves: autocast caches its casts of leaf tensors that require grad (meant for
+    weights), so SDPA would be timed casting once instead of every call. A forward and backward
+    run untimed first, so no compilation falls inside a timing."""
     dev = "cuda"
     q = torch.randn(B, H, S_q, D, dtype=dtype, device=dev, requires_grad=True)
     k, v = (torch.randn(B, H_kv, S_k, D, dtype=dtype, device=dev, requires_grad=True) for _ in range(2))
+    if autocast:
+        q, k, v = q.clone(), k.clone(), v.clone()
     ctx = (lambda: torch.autocast("cuda", dtype=autocast)) if autocast else torch.enable_grad
     try:
+        # one training step untimed: every kernel compiled and loaded (flashattn compiles the
+        # backward's kernels in background threads, which would share the CPU with a timed forward)
+        with ctx():
+            out = fn(q, k, v, causal)
+        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
         with ctx():
             with torch.no_grad():
                 fwd = median_ms(lambda: fn(q, k, v, causal), rep_ms)
@@ -78,9 +90,13 @@ def configurations() -> list[dict]:
         grid.append(dict(group="GQA 32/8", dtype="bf16", B=4, H=32, H_kv=8, S_q=4096, S_k=4096, D=128, causal=causal))
     for S_q, S_k in ((1024, 8192), (8192, 1024)):
         grid.append(dict(group="S_q != S_k", dtype="bf16", B=2, H=16, H_kv=None, S_q=S_q, S_k=S_k, D=128, causal=False))
-    for tf32 in (False, True):
-        grid.append(dict(group="fp32" + (" (TF32 allowed)" if tf32 else ""), dtype="fp32", B=2, H=8, H_kv=None,
-                         S_q=2048, S_k=2048, D=64, causal=True, tf32=tf32))
+    for D, B, H, S in ((64, 2, 8, 2048), (128, 2, 16, 4096)):
+        for tf32 in (False, True):
+            grid.append(dict(group="fp32" + (" (TF32 allowed)" if tf32 else ""), dtype="fp32", B=B, H=H, H_kv=None,
+                             S_q=S, S_k=S, D=D, causal=True, tf32=tf32))
+        # FLASHATTN_FP32_PRECISION=bf16x3: fp32 products from two bf16 pieces (~1e-5 relative error)
+        grid.append(dict(group="fp32 (bf16x3 opt-in)", dtype="fp32", B=B, H=H, H_kv=None, S_q=S, S_k=S, D=D,
+                         causal=True, fp32_precision="bf16x3"))
     grid.append(dict(group="autocast bf16 (fp32 inputs)", dtype="fp32", B=2, H=16, H_kv=None, S_q=4096,
                      S_k=4096, D=128, causal=True, autocast="bf16"))
     return grid
@@ -89,21 +105,32 @@ def configurations() -> list[dict]:
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def run(rep_ms=100, progress=True, on_row=None) -> list[dict]:
+def run(rep_ms=100, progress=True, on_row=None, groups=None) -> list[dict]:
+    """Every configuration x provider; ``groups``: only the configurations whose group starts
+    with one of these words (e.g. ``("fp32", "autocast")``)."""
     from tqdm.auto import tqdm
 
     rows = []
-    jobs = [(c, p) for c in configurations() for p in PROVIDERS]
+    jobs = [(c, p) for c in configurations() for p in PROVIDERS
+            if not groups or any(c["group"].startswith(g) for g in groups)]
     for c, name in tqdm(jobs, desc="drop-in", disable=not progress):
         if c["group"].startswith("autocast") and name not in ("flashattn", "sdpa-default"):
             continue
-        before = torch.backends.cuda.matmul.allow_tf32
+        if "fp32_precision" in c and name != "flashattn":   # SDPA's rows are the group "fp32"'s
+            continue
+        before = torch.backends.cuda.matmul.allow_tf32, os.environ.get(runtime.FP32_PRECISION_ENV)
         torch.backends.cuda.matmul.allow_tf32 = c.get("tf32", False)
+        if "fp32_precision" in c:
+            os.environ[runtime.FP32_PRECISION_ENV] = c["fp32_precision"]
         try:
             r = measure(PROVIDERS[name], c["B"], c["H"], c["H_kv"] or c["H"], c["S_q"], c["S_k"], c["D"],
                         c["causal"], DTYPES[c["dtype"]], rep_ms, DTYPES.get(c.get("autocast")))
         finally:
-            torch.backends.cuda.matmul.allow_tf32 = before
+            torch.backends.cuda.matmul.allow_tf32 = before[0]
+            if before[1] is None:
+                os.environ.pop(runtime.FP32_PRECISION_ENV, None)
+            else:
+                os.environ[runtime.FP32_PRECISION_ENV] = before[1]
         rows.append(dict(c, provider=name, **r))
         if on_row:
             on_row(rows)

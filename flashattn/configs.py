@@ -116,17 +116,18 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
     ("fast_dk", 256): _c(64, 128, 8, 1), ("fast_dv", 256): _c(32, 64, 4, 2),
 }
 
-#: The fast kernels with fp32 inputs (three TF32 products per product, fp32 tiles of twice the
-#: bytes): an H100 sweep of each kernel (2026-11-23; B=4, H=16, S=4096; D=128 causal, D=64 not)
-#: found the fp16 choices up to 1.6x slower. At D=128: forward 7.0 ms against 10.8, dQ 12.7
-#: against 15.6, dK/dV 18.2 against 28.0; at D=64: dQ 6.4 against 9.6, dK/dV 10.6 against 18.0.
-#: Tried at D=128 causal and kept out (2026-11-24): dK and dV by a launch each, 12.1 + 6.3 ms against
-#: 17.4 for one launch; the fused kernel, 37 ms (its larger tiles exceed shared memory: tf32x3 keeps
-#: split copies of the operands). TF32 products alone (torch's switch on) take 12.5 ms for the whole
-#: backward against 31.1 with tf32x3 and 19.9 for SDPA's fp32 backward (3xTF32 too).
+#: The fast kernels with fp32 inputs (``runtime.fast_dot_precision``: six bf16 products per
+#: product by default, fp32 tiles of twice fp16's bytes): H100 sweeps per kernel (B=4, H=16,
+#: S=4096; D=128 causal, ms). bf16x6, 2026-11-24: forward 128 x 64 / 8 / 2: 4.45 (128 x 32 / 8 /
+#: 3: 4.97); dQ 64 x 32 / 4 / 3: 10.2 (32 x 32 / 4 / 3: 18.0); dK/dV 32 x 32 / 4 / 2: 15.8 (3
+#: stages: 25.5; 32 x 64: 19.5); at D=64 (B=2, H=8, S=2048) the tf32x3 choices below stayed best.
+#: Tried and kept out: dK and dV by a launch each, 10.9 + 4.4 ms against 15.8 for one launch (3%
+#: of the backward); the fused kernel (tf32x3: 37 ms). Earlier, with tf32x3 (2026-11-23), the fp16
+#: choices ran up to 1.6x slower. TF32 products alone (torch's switch on) take 12.5 ms for the
+#: whole backward; SDPA's fp32 backward (efficient, 3xTF32) 19.4.
 PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
-    ("fast_fwd", 128): _c(128, 32, 8, 3), ("fast_dq", 64): _c(128, 64, 8, 3), ("fast_dq", 128): _c(32, 32, 4, 3),
-    ("fast_dkdv", 64): _c(64, 128, 8, 3), ("fast_dkdv", 128): _c(32, 32, 4, 3),
+    ("fast_fwd", 128): _c(128, 64, 8, 2), ("fast_dq", 64): _c(128, 64, 8, 3), ("fast_dq", 128): _c(64, 32, 4, 3),
+    ("fast_dkdv", 64): _c(64, 128, 8, 3), ("fast_dkdv", 128): _c(32, 32, 4, 2),
 }
 
 #: The fast kernels with lesson 09's features, at D=128 (an H100 sweep of the candidates on the
@@ -244,7 +245,7 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int,
     block_d, d_class = head_dim_class(head_dim, tail)
     base = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
     first = (PREFERRED_FP32.get((kernel, d_class)) if elem_bytes == 4 else None) or PREFERRED.get((kernel, d_class))
-    cands = [first] + [c for c in base if c != first] if first in base else list(base)
+    cands = [first] + [c for c in base if c != first] if first is not None else list(base)
     if (kernel, d_class, feature) in PREFERRED_WITH:
         first = PREFERRED_WITH[(kernel, d_class, feature)]
         cands = [first] + [c for c in cands if c != first]

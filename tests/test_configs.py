@@ -51,6 +51,26 @@ def test_dk_and_dv_apart_get_their_own_tiles(kernel, limit):
         assert chosen[0] == configs.PREFERRED[(kernel, 256)]
 
 
+@pytest.mark.parametrize("elem_bytes", [2, 4], ids=["fp16", "fp32"])
+def test_every_h100_choice_comes_first_where_it_fits(elem_bytes):
+    """Each tile of PREFERRED (for fp32: PREFERRED_FP32 over it) is the first candidate at an
+    H100's 227 KB wherever its estimate fits, whether or not the generic candidate list holds
+    it (an fp32 choice outside that list was once dropped without a word)."""
+    table = dict(configs.PREFERRED)
+    if elem_bytes == 4:
+        table.update(configs.PREFERRED_FP32)
+    limit = 227 * 1024
+    checked = 0
+    for (kernel, d_class), cfg in table.items():
+        if d_class in (160, 192):   # the split head dim's classes: test_split_head_dim_configs_...
+            continue
+        if configs.shared_memory_estimate(kernel, cfg, d_class, elem_bytes) > limit:
+            continue
+        assert configs.fitting(kernel, d_class, elem_bytes, limit)[0] == cfg, (kernel, d_class)
+        checked += 1
+    assert checked >= 7
+
+
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv", "fast_fwd", "fast_dq", "fast_dkdv"])
 def test_64KB_gets_a_config_that_fits_up_to_D128(kernel):
     for head_dim in (64, 128):

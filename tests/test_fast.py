@@ -61,7 +61,7 @@ def test_fast_matches_reference(shape, causal, backward):
 @pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)
 @pytest.mark.parametrize("do_layout", ["stride0", "padded_heads"])
 def test_fast_strides_and_dtypes(dtype, do_layout, D):
-    """(fp32 on a GPU: tf32x3 products, fp32's accuracy, while torch's TF32 switch is off.
+    """(fp32 on a GPU: bf16x6 products, fp32's accuracy, while torch's TF32 switch is off.
     D=136: the backward's split head dim, its tail masked; K's last stride is 2.)"""
     B, H, S = 2, 4, 48
     q, k, v = rand(B, H, S, D, dtype=dtype, layout="bshd"), rand(B, 2, S, D, dtype=dtype, layout="sliced"), \
@@ -179,24 +179,58 @@ def test_fast_refuses_what_it_cannot_do():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="TF32 is a GPU matter: the interpreter multiplies fp32 exactly")
-def test_fp32_uses_tf32_only_when_torch_allows_it():
+def test_fp32_uses_tf32_only_when_torch_allows_it(monkeypatch):
+    """Every fp32 precision this Triton offers, at the accuracy the package promises for it:
+    bf16x6 (the default), tf32x3 and ieee at fp32's, the opt-in bf16x3 at ~1e-5, TF32 only with
+    torch's switch on."""
     from flashattn import runtime
 
     q, k, v, do = (rand(1, 4, 512, 64) for _ in range(4))
     ref = reference(q, k, v, do)
+    bound = {"bf16x6": 2e-5, "tf32x3": 2e-5, "ieee": 2e-5, "bf16x3": 2e-4}
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        assert runtime.fast_dot_precision(torch.float32) == "tf32x3"
-        accurate = _run(q, k, v, do, False, "two-kernel")
+        monkeypatch.delenv(runtime.FP32_PRECISION_ENV, raising=False)
+        assert runtime.fast_dot_precision(torch.float32) == runtime.fp32_precision_choice()
+        if torch.cuda.get_device_capability()[0] >= 8 and runtime.triton_knows_precision("bf16x6"):
+            assert runtime.fp32_precision_choice() == "bf16x6"
+        for precision in runtime.FP32_PRECISIONS:
+            if not runtime.triton_knows_precision(precision):
+                continue
+            monkeypatch.setenv(runtime.FP32_PRECISION_ENV, precision)
+            assert runtime.fast_dot_precision(torch.float32) == precision
+            got = _run(q, k, v, do, False, "two-kernel")
+            for name in ("O", "dQ", "dK", "dV"):
+                assert_close_per_head(f"{name} ({precision})", got[name], ref[name], bound[precision])
+        monkeypatch.delenv(runtime.FP32_PRECISION_ENV)
         torch.backends.cuda.matmul.allow_tf32 = True
         assert runtime.fast_dot_precision(torch.float32) == "tf32"
         fast_tf32 = _run(q, k, v, do, False, "two-kernel")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     for name in ("O", "dQ", "dK", "dV"):
-        assert_close_per_head(name, accurate[name], ref[name], 2e-5)     # fp32's accuracy
         assert_close_per_head(name, fast_tf32[name], ref[name], 5e-3)    # TF32's (10 mantissa bits)
+
+
+def test_fp32_precision_choice_says_what_it_takes(monkeypatch):
+    """FLASHATTN_FP32_PRECISION: one of four names, case and spaces forgiven; anything else is
+    refused with the list; unset, the most accurate this Triton and GPU offer."""
+    from flashattn import runtime
+
+    monkeypatch.delenv(runtime.FP32_PRECISION_ENV, raising=False)
+    assert runtime.fp32_precision_choice() in ("bf16x6", "tf32x3")
+    monkeypatch.setenv(runtime.FP32_PRECISION_ENV, " TF32X3 ")
+    assert runtime.fp32_precision_choice() == "tf32x3"
+    monkeypatch.setenv(runtime.FP32_PRECISION_ENV, "tf32")
+    with pytest.raises(ValueError, match=r"one of \('bf16x6', 'tf32x3', 'bf16x3', 'ieee'\), got 'tf32'"):
+        runtime.fp32_precision_choice()
+    monkeypatch.setattr(runtime, "triton_knows_precision", lambda p: p in ("tf32", "tf32x3", "ieee"))
+    monkeypatch.delenv(runtime.FP32_PRECISION_ENV)
+    assert runtime.fp32_precision_choice() == "tf32x3"
+    monkeypatch.setenv(runtime.FP32_PRECISION_ENV, "bf16x6")
+    with pytest.raises(ValueError, match="does not offer that input_precision"):
+        runtime.fp32_precision_choice()
 
 
 def test_auto_uses_fast_path_on_gpu_only(monkeypatch):

@@ -11,7 +11,9 @@
   still arguments: Triton compiles a stride of 1 as the constant 1, so a contiguous last dim
   costs nothing and any other layout still works.
 * **fp32 on the tensor cores**: ``DOT_PRECISION`` is "tf32" where torch's TF32 switch allows it,
-  else "tf32x3" (three TF32 products, fp32's accuracy; see ``runtime.fast_dot_precision``).
+  else "bf16x6" (each fp32 operand split into three bf16 pieces, six bf16 products: fp32's
+  accuracy at the cost of three TF32 products; "tf32x3" on a Triton without it; see
+  ``runtime.fast_dot_precision``).
 * **Per-device default tiles**, with autotuning on request (``fast/tuning.py``).
 * **Lesson 09's features** as constexpr switches that compile away when off: ``WINDOW`` (three
   loops: masked tiles at the window's left edge, whole tiles inside, masked tiles at its right

@@ -284,5 +284,5 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
         tail = meta.get("BLOCK_D_TAIL", 0)
         candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device, feature=feature, tail=tail)
         key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False),
-               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), tail)
+               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), tail, meta.get("DOT_PRECISION"))
         configs.launch(key, candidates, launch)
