@@ -232,8 +232,13 @@ def constants(q, causal: bool) -> dict:
     """The compile-time arguments every fast kernel takes, for inputs like ``q``."""
     D = q.shape[-1]
     block_d = runtime.head_dim_block(D)
-    return dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PAD_D=block_d != D,
-                DOT_PRECISION=runtime.fast_dot_precision(q.dtype))
+    precision = runtime.fast_dot_precision(q.dtype)
+    if precision.startswith("bf16") and block_d < 32:
+        # triton 3.6, H100: at 16 columns with a stride-0 dO (the gradient of out.sum()) the bf16
+        # split of dP^T = V dO^T came out NaN / 1e36 in dK (D >= 32 measured right); such small
+        # heads cost nothing in speed, so they keep three TF32 products
+        precision = "tf32x3"
+    return dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PRECISION=precision)
 
 
 def _check_divisibility(name: str, cfg: KernelConfig) -> None:
