@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from . import runtime
 from .api import scaled_dot_product_attention
-from .bench import attention_flops, median_ms
+from .bench import _with_env, attention_flops, median_ms
 
 
 def _sdpa(backend: str | None) -> Callable:
@@ -118,19 +118,17 @@ def run(rep_ms=100, progress=True, on_row=None, groups=None) -> list[dict]:
             continue
         if "fp32_precision" in c and name != "flashattn":   # SDPA's rows are the group "fp32"'s
             continue
-        before = torch.backends.cuda.matmul.allow_tf32, os.environ.get(runtime.FP32_PRECISION_ENV)
-        torch.backends.cuda.matmul.allow_tf32 = c.get("tf32", False)
+        def one_row(c=c, name=name):
+            return measure(PROVIDERS[name], c["B"], c["H"], c["H_kv"] or c["H"], c["S_q"], c["S_k"], c["D"],
+                           c["causal"], DTYPES[c["dtype"]], rep_ms, DTYPES.get(c.get("autocast")))
         if "fp32_precision" in c:
-            os.environ[runtime.FP32_PRECISION_ENV] = c["fp32_precision"]
+            one_row = _with_env(one_row, **{runtime.FP32_PRECISION_ENV: c["fp32_precision"]})
+        before = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = c.get("tf32", False)
         try:
-            r = measure(PROVIDERS[name], c["B"], c["H"], c["H_kv"] or c["H"], c["S_q"], c["S_k"], c["D"],
-                        c["causal"], DTYPES[c["dtype"]], rep_ms, DTYPES.get(c.get("autocast")))
+            r = one_row()
         finally:
-            torch.backends.cuda.matmul.allow_tf32 = before[0]
-            if before[1] is None:
-                os.environ.pop(runtime.FP32_PRECISION_ENV, None)
-            else:
-                os.environ[runtime.FP32_PRECISION_ENV] = before[1]
+            torch.backends.cuda.matmul.allow_tf32 = before
         rows.append(dict(c, provider=name, **r))
         if on_row:
             on_row(rows)
