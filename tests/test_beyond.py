@@ -5,11 +5,15 @@ On the CPU (Triton interpreter) small odd shapes with 16 x 16 tiles, so that win
 boundaries; on a GPU the same tests at larger sizes and in fp16/bf16. Outputs start as NaN
 (conftest), so an element a kernel skips shows.
 """
+import numpy as np
 import pytest
 import torch
 
 import flashattn
+import triton
 from flashattn import KernelConfig, beyond
+from flashattn.beyond.kernels import dropout_mask_kernel
+from flashattn.features import DROPOUT_LEVELS, dropout_threshold
 
 from conftest import DEVICE, ON_GPU, TOL, assert_close_per_head, rand
 
@@ -154,9 +158,10 @@ def test_dropout_zero_is_no_dropout():
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_dropout_mask_statistics(p):
     """The kept fraction is 1 - p within 5 standard errors, per head and overall, and no
-    (sequence, head) repeats another's mask."""
+    (sequence, head) repeats another's mask (p as the kernels use it: a multiple of 1/256)."""
     heads, S = 4, 96
     keep = beyond.dropout_mask(11, heads, S, S, p, DEVICE).float()
+    p = dropout_threshold(p) / DROPOUT_LEVELS
     n = S * S
     sigma = ((p * (1 - p)) / n) ** 0.5
     per_head = keep.mean(dim=(1, 2))
@@ -166,6 +171,58 @@ def test_dropout_mask_statistics(p):
     rows, cols = keep.mean(dim=2), keep.mean(dim=1)             # no row or column pattern
     assert ((rows - (1 - p)).abs() < 6 * (p * (1 - p) / S) ** 0.5).all()
     assert ((cols - (1 - p)).abs() < 6 * (p * (1 - p) / S) ** 0.5).all()
+
+
+def _philox4x32_7(c0, k0, k1):
+    """Philox-4x32 with 7 rounds in numpy (Salmon et al. 2011; the rounds of triton.language.random),
+    counters (c0, 0, 0, 0)."""
+    low = 0xFFFFFFFF
+    c = [c0, np.zeros_like(c0), np.zeros_like(c0), np.zeros_like(c0)]
+    for _ in range(7):
+        a, b = np.uint64(0xD2511F53) * c[0], np.uint64(0xCD9E8D57) * c[2]
+        c = [(b >> np.uint64(32)) ^ c[1] ^ np.uint64(k0), b & np.uint64(low),
+             (a >> np.uint64(32)) ^ c[3] ^ np.uint64(k1), a & np.uint64(low)]
+        k0, k1 = (k0 + 0x9E3779B9) & low, (k1 + 0xBB67AE85) & low
+    return c
+
+
+def test_dropout_mask_is_the_documented_philox_layout():
+    """Z, element by element, is what features.dropout_keep's docstring says: call (P, G, t) with
+    P = 8 R + r for rows 16 R + 8 h + r, keys 32 G + 8 g + 2 t + e; word g, byte 2 h + e; kept
+    when the byte is >= round(256 p). Checked against Philox written out in numpy."""
+    seed, seq_head, S_q, S_k, p = 2 ** 33 + 1234, 3, 40, 70, 0.3
+    keep = beyond.dropout_mask(seed, 1, S_q, S_k, p, DEVICE, first_seq_head=seq_head)[0].cpu().numpy()
+    i, j = np.meshgrid(np.arange(S_q), np.arange(S_k), indexing="ij")
+    pair, h = (i // 16) * 8 + i % 8, (i // 8) % 2
+    G, g, t, e = j // 32, (j % 32) // 8, (j % 8) // 2, j % 2
+    counter = (pair * ((S_k + 31) // 32 * 4) + G * 4 + t).astype(np.uint64)
+    words = _philox4x32_7(counter, seed & 0xFFFFFFFF, (seed >> 32) + seq_head)
+    word = np.choose(g, words)
+    draws = (word >> (8 * (2 * h + e)).astype(np.uint64)) & np.uint64(0xFF)
+    assert (keep == (draws >= dropout_threshold(p))).all()
+
+
+@pytest.mark.parametrize("block_m, block_n", [(16, 16), (16, 64), (64, 32), (64, 64)])
+def test_dropout_mask_does_not_depend_on_the_tile(block_m, block_n):
+    """Every kernel regenerates Z with its own tiles: any tile must draw the same bits."""
+    def mask(bm, bn, S_q=48, S_k=80):
+        keep = torch.zeros(2, S_q, S_k, dtype=torch.int8, device=DEVICE)
+        grid = (triton.cdiv(S_q, bm), triton.cdiv(S_k, bn), 2)
+        dropout_mask_kernel[grid](keep, S_q, S_k, 5, dropout_threshold(0.4), 99, BLOCK_M=bm, BLOCK_N=bn)
+        return keep
+    assert torch.equal(mask(block_m, block_n), mask(32, 32))
+
+
+@pytest.mark.parametrize("causal, window", [(True, None), (False, (20, 5))])
+def test_fast_dropout_with_query_major_tiles(causal, window):
+    """The fast dK/dV kernel turns its 64 x 64 tiles round under dropout (queries down the rows,
+    no transposed Z): the same gradients as the reference, GQA and odd lengths included."""
+    dtype = DTYPES[0]
+    q = rand(1, 4, 70 * SCALE_UP, 32, dtype=dtype)
+    k, v = rand(1, 2, 90 * SCALE_UP, 32, dtype=dtype), rand(1, 2, 90 * SCALE_UP, 32, dtype=dtype, layout="bshd")
+    pairs = beyond.kernels_and_reference(q, k, v, None, impl="fast", config=KernelConfig(64, 64), causal=causal,
+                                         window=window, dropout_p=0.2, seed=8)
+    assert_all_close(pairs, dtype)
 
 
 # --------------------------------------------------------------------------------------

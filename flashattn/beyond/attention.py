@@ -35,7 +35,7 @@ class BeyondAttentionFunction(torch.autograd.Function):
         causal, window_args = mask
         if impl == "fast":
             o, lse = fast_attention_forward(q, k, v, causal, scale, layout=layout, window_args=window_args,
-                                            dropout_p=dropout_p, seed=seed)
+                                            dropout_p=dropout_p, seed=seed, config=config)
         else:
             o, lse = beyond_forward(q, k, v, layout, scale, window_args, dropout_p, seed, config=config)
         ctx.save_for_backward(q, k, v, o, lse)
@@ -48,7 +48,8 @@ class BeyondAttentionFunction(torch.autograd.Function):
         layout, scale, (causal, window_args), dropout_p, seed, impl, config = ctx.args
         if impl == "fast":
             dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, causal, scale, layout=layout,
-                                                 window_args=window_args, dropout_p=dropout_p, seed=seed)
+                                                 window_args=window_args, dropout_p=dropout_p, seed=seed,
+                                                 config=config)
         else:
             dq, dk, dv = beyond_backward(q, k, v, o, do, lse, layout, scale, window_args, dropout_p, seed,
                                          config=config)
@@ -121,8 +122,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     aligns windows bottom-right when S_q != S_k; for S_q == S_k the two agree.) A row that sees no
     key gets O = 0. ``dropout_p``: each attention weight is dropped with probability p and the rest
     scaled by 1 / (1 - p), the mask drawn from ``seed`` (default: from torch's generator); p is
-    rounded to a multiple of 1/65536 (each element's draw is 16 bits).
+    rounded to a multiple of 1/256 (each element's draw is 8 bits, as in FlashAttention).
     ``impl``: "teaching" (lesson 09's kernels), "fast" (the tuned ones), "auto" (fast on a GPU).
+    ``config``: one tile for every kernel (default: each kernel's own choice).
     """
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.validate_causal(causal)

@@ -122,7 +122,7 @@ def beyond_fwd_kernel(
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)            # the softmax sums all of P ...
         if DROPOUT:                                      # ... O sees only the kept part, rescaled
-            keep = dropout_keep(seed, pid_bh, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
+            keep = dropout_keep(seed, pid_bh, pid_m * BLOCK_M, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p / (1.0 - dropout_p), 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -269,7 +269,7 @@ def beyond_dq_kernel(
 
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
         if DROPOUT:     # O used P * Z / (1 - p), so dP = (dO V^T) * Z / (1 - p): Z regenerated
-            keep = dropout_keep(seed, pid_bh, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
+            keep = dropout_keep(seed, pid_bh, pid_m * BLOCK_M, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             dp = tl.where(keep, dp / (1.0 - dropout_p), 0.0)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
@@ -346,7 +346,7 @@ def beyond_dkdv_kernel(
             dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
             pT_kept = pT
             if DROPOUT:  # the same Z as the forward (same key, same counters), transposed
-                keepT = tl.trans(dropout_keep(seed, seq_head, offs_m, pid_n * BLOCK_N, S_k, threshold,
+                keepT = tl.trans(dropout_keep(seed, seq_head, start_m, pid_n * BLOCK_N, S_k, threshold,
                                               BLOCK_M, BLOCK_N))
                 pT_kept = tl.where(keepT, pT / (1.0 - dropout_p), 0.0)
                 dpT = tl.where(keepT, dpT / (1.0 - dropout_p), 0.0)
@@ -405,7 +405,7 @@ def dropout_mask_kernel(KEEP, S_q, S_k, first_seq_head, threshold, seed,
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = offs_m[:, None]
     cols = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N))[None, :]
-    keep = dropout_keep(seed, first_seq_head + head, offs_m, pid_n * BLOCK_N, S_k, threshold, BLOCK_M, BLOCK_N)
+    keep = dropout_keep(seed, first_seq_head + head, pid_m * BLOCK_M, pid_n * BLOCK_N, S_k, threshold, BLOCK_M, BLOCK_N)
     tl.store(KEEP + head.to(tl.int64) * S_q * S_k + rows * S_k + cols, keep.to(tl.int8),
              mask=(rows < S_q) & (cols < S_k))
 

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..backward import attention_backward_delta
 from . import tuning
-from ..features import dropout_keep, dropout_threshold, sequence_bounds
+from ..features import dropout_draws, dropout_keep, dropout_threshold, sequence_bounds
 from .forward import load_tile, store_tile, window_tiles
 from .tuning import LOG2E
 
@@ -45,7 +45,7 @@ from .tuning import LOG2E
 # --------------------------------------------------------------------------------------
 @triton.jit
 def _dq_tiles(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-              offs_m, offs_d, d_ok, offs_t, t_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold,
+              start_m, offs_m, offs_d, d_ok, offs_t, t_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold,
               keep_scale,
               MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DROPOUT: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -78,9 +78,10 @@ def _dq_tiles(dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_
         if BLOCK_D_TAIL > 0:
             dp = tl.dot(do_t, tl.trans(v_t), acc=dp, input_precision=DOT_PRECISION)
         if DROPOUT:   # O used P * Z / (1 - p): dP = (dO V^T) * Z / (1 - p), Z regenerated
-            keep = dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
-            dp = tl.where(keep, dp * keep_scale, 0.0)
-        ds = (p * (dp - delta[:, None])).to(k.dtype)
+            keep = dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
+            ds = (p * (tl.where(keep, dp, 0.0) * keep_scale - delta[:, None])).to(k.dtype)   # one FFMA
+        else:
+            ds = (p * (dp - delta[:, None])).to(k.dtype)
         dq += tl.dot(ds, k, input_precision=DOT_PRECISION)
         if BLOCK_D_TAIL > 0:
             dq_t += tl.dot(ds, k_t, input_precision=DOT_PRECISION)
@@ -152,11 +153,11 @@ def fast_dq_kernel(
         lo, free_lo, free_hi, hi = window_tiles(start_m, S_q, S_k, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         dq, dq_t = _dq_tiles(
             dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            offs_m, offs_d, d_ok, offs_t, t_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+            start_m, offs_m, offs_d, d_ok, offs_t, t_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
             keep_scale, True, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL, PAD_T)
         dq, dq_t = _dq_tiles(
             dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            offs_m, offs_d, d_ok, offs_t, t_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+            start_m, offs_m, offs_d, d_ok, offs_t, t_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
             keep_scale, False, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL, PAD_T)
         unmasked_end = free_hi
         masked_end = hi
@@ -173,11 +174,11 @@ def fast_dq_kernel(
         unmasked_end = (free_end // BLOCK_N) * BLOCK_N
         dq, dq_t = _dq_tiles(
             dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-            offs_m, offs_d, d_ok, offs_t, t_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
+            start_m, offs_m, offs_d, d_ok, offs_t, t_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh, threshold,
             keep_scale, False, CAUSAL, False, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL, PAD_T)
     dq, dq_t = _dq_tiles(
         dq, dq_t, q, q_t, do, do_t, lse2, delta, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-        offs_m, offs_d, d_ok, offs_t, t_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
+        start_m, offs_m, offs_d, d_ok, offs_t, t_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
         threshold, keep_scale, True, CAUSAL, WINDOW, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION, BLOCK_D_TAIL,
         PAD_T)
 
@@ -203,6 +204,10 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
     """dK += dS^T Q, dV += P^T dO over query blocks [lo, hi) (PART 1: dK only, 2: dV only). Split head dim (BLOCK_D_TAIL > 0,
     never with TMA or FUSED_DQ): the tail columns ride along as *_t tiles; S^T = K Q^T and
     dP^T = V dO^T sum a main and a tail dot, dK and dV get one dot per part (dk, dk_t; dv, dv_t)."""
+    # Under dropout, 64 x 64 tiles take the tile the other way round (queries down the rows; H100,
+    # fp16, B4 H16 S4096 D128 causal: 1.61 ms against 1.78 for the best transposed tile); smaller
+    # query blocks fall back to slower tensor-core instructions that way, so they keep S^T
+    QUERY_MAJOR: tl.constexpr = DROPOUT and BLOCK_M == 64 and BLOCK_N == 64
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
@@ -223,35 +228,56 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
         else:           # padded rows: LSE = +inf makes their P exactly 0, no mask needed
             lse2 = tl.load(lse_base + offs_m, mask=row_ok, other=float("inf")) * LOG2E
             delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
-        sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
-        if BLOCK_D_TAIL > 0:
-            sT = tl.dot(k_t, tl.trans(q_t), acc=sT, input_precision=DOT_PRECISION)
-        pT = tl.exp2(sT * qk_scale - lse2[None, :])
-        if MASKED:
-            if WINDOW:   # key j is seen by rows j - RIGHT ... j + LEFT
-                pT = tl.where((offs_m[None, :] >= offs_n[:, None] - RIGHT) & (offs_m[None, :] <= offs_n[:, None] + LEFT),
-                              pT, 0.0)
-            else:
-                pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
-        # the forward's Z, transposed; dV's 1 / (1 - p) is applied once, at the end. The transpose
-        # is a shuffle through shared memory: on an H100 (fp16, B4 H16 S4096 D128, causal) dropout
-        # adds 0.73 ms here against 0.26 in the dQ kernel and 0.27 in the forward, which need none
-        if DROPOUT:
-            keepT = tl.trans(dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N))
-            pzT = tl.where(keepT, pT, 0.0).to(do.dtype)
+        if QUERY_MAJOR:
+            # queries down the rows, as in the forward: Z is drawn in the registers that hold P;
+            # P Z and dS reach their dots transposed, which the tensor cores read from shared memory
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            if BLOCK_D_TAIL > 0:
+                s = tl.dot(q_t, tl.trans(k_t), acc=s, input_precision=DOT_PRECISION)
+            p = tl.exp2(s * qk_scale - lse2[:, None])
+            if MASKED:
+                if WINDOW:
+                    p = tl.where((offs_m[:, None] >= offs_n[None, :] - RIGHT) & (offs_m[:, None] <= offs_n[None, :] + LEFT),
+                                 p, 0.0)
+                else:
+                    p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+            keep = dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
+            pzT = tl.trans((p * keep.to(tl.float32)).to(do.dtype))   # dV's 1 / (1 - p): once, at the end
         else:
-            pzT = pT.to(do.dtype)
+            sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+            if BLOCK_D_TAIL > 0:
+                sT = tl.dot(k_t, tl.trans(q_t), acc=sT, input_precision=DOT_PRECISION)
+            pT = tl.exp2(sT * qk_scale - lse2[None, :])
+            if MASKED:
+                if WINDOW:   # key j is seen by rows j - RIGHT ... j + LEFT
+                    pT = tl.where((offs_m[None, :] >= offs_n[:, None] - RIGHT) & (offs_m[None, :] <= offs_n[:, None] + LEFT),
+                                  pT, 0.0)
+                else:
+                    pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
+            if DROPOUT:   # the forward's Z, transposed: its 8-bit draws cross threads through shared memory
+                keepT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8))
+                keepT = keepT.to(tl.int32) >= threshold
+                pzT = tl.where(keepT, pT, 0.0).to(do.dtype)
+            else:
+                pzT = pT.to(do.dtype)
         if PART != 1:
             dv += tl.dot(pzT, do, input_precision=DOT_PRECISION)
             if BLOCK_D_TAIL > 0:
                 dv_t += tl.dot(pzT, do_t, input_precision=DOT_PRECISION)
-        if PART != 2:
-            dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
-            if BLOCK_D_TAIL > 0:
-                dpT = tl.dot(v_t, tl.trans(do_t), acc=dpT, input_precision=DOT_PRECISION)
-            if DROPOUT:
-                dpT = tl.where(keepT, dpT * keep_scale, 0.0)
-            dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        if PART != 2:   # dS = P * (dP - delta), dP = dO V^T (times Z / (1 - p) under dropout: one FFMA)
+            if QUERY_MAJOR:
+                dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+                if BLOCK_D_TAIL > 0:
+                    dp = tl.dot(do_t, tl.trans(v_t), acc=dp, input_precision=DOT_PRECISION)
+                dsT = tl.trans((p * (tl.where(keep, dp, 0.0) * keep_scale - delta[:, None])).to(q.dtype))
+            else:
+                dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+                if BLOCK_D_TAIL > 0:
+                    dpT = tl.dot(v_t, tl.trans(do_t), acc=dpT, input_precision=DOT_PRECISION)
+                if DROPOUT:
+                    dsT = (pT * (tl.where(keepT, dpT, 0.0) * keep_scale - delta[None, :])).to(q.dtype)
+                else:
+                    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
             dk += tl.dot(dsT, q, input_precision=DOT_PRECISION)
             if BLOCK_D_TAIL > 0:
                 dk_t += tl.dot(dsT, q_t, input_precision=DOT_PRECISION)

@@ -75,7 +75,7 @@ def window_tiles(start, S_own, S_other, BEFORE, AFTER, BLOCK_OWN: tl.constexpr, 
 
 @triton.jit
 def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-               offs_m, offs_d, d_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold,
+               start_m, offs_m, offs_d, d_ok, lo, hi, S_k, qk_scale, LEFT, RIGHT, seed, seq_head, threshold,
                MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, DROPOUT: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Online softmax over key blocks [lo, hi). MASKED adds the causal or window mask and the
@@ -101,7 +101,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if DROPOUT:
-            p = tl.where(dropout_keep(seed, seq_head, offs_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N), p, 0.0)
+            p = p * dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -159,10 +159,10 @@ def fast_fwd_kernel(
     if WINDOW:   # masked tiles at the window's left edge, whole tiles inside it, masked at its right edge
         lo, free_lo, free_hi, hi = window_tiles(start_m, S_q, S_k, LEFT, RIGHT, BLOCK_M, BLOCK_N)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                                   offs_m, offs_d, d_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
+                                   start_m, offs_m, offs_d, d_ok, lo, free_lo, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
                                    threshold, True, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                                   offs_m, offs_d, d_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
+                                   start_m, offs_m, offs_d, d_ok, free_lo, free_hi, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
                                    threshold, False, False, True, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
         unmasked_end = free_hi
         masked_end = hi
@@ -179,10 +179,10 @@ def fast_fwd_kernel(
             masked_end = tl.where(start_m < S_q, masked_end, 0)
         unmasked_end = (free_end // BLOCK_N) * BLOCK_N
         acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                                   offs_m, offs_d, d_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
+                                   start_m, offs_m, offs_d, d_ok, 0, unmasked_end, S_k, qk_scale, LEFT, RIGHT, seed, pid_bh,
                                    threshold, False, CAUSAL, False, DROPOUT, BLOCK_M, BLOCK_N, PAD_D, DOT_PRECISION)
     acc, l_i, m_i = _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_v_s, stride_v_d,
-                               offs_m, offs_d, d_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed,
+                               start_m, offs_m, offs_d, d_ok, unmasked_end, masked_end, S_k, qk_scale, LEFT, RIGHT, seed,
                                pid_bh, threshold, True, CAUSAL, WINDOW, DROPOUT, BLOCK_M, BLOCK_N, PAD_D,
                                DOT_PRECISION)
 
