@@ -187,7 +187,7 @@ def _philox4x32_7(c0, k0, k1):
 
 
 def test_dropout_mask_is_the_documented_philox_layout():
-    """Z, element by element, is what features.dropout_keep's docstring says: call (P, G, t) with
+    """Z, element by element, is what features.dropout_draws' docstring says: call (P, G, t) with
     P = 8 R + r for rows 16 R + 8 h + r, keys 32 G + 8 g + 2 t + e; word g, byte 2 h + e; kept
     when the byte is >= round(256 p). Checked against Philox written out in numpy."""
     seed, seq_head, S_q, S_k, p = 2 ** 33 + 1234, 3, 40, 70, 0.3

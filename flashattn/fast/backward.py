@@ -193,6 +193,15 @@ def fast_dq_kernel(
 # dK, dV: one program per block of key/value rows (a K/V head: all its GQA query heads)
 # --------------------------------------------------------------------------------------
 @triton.jit
+def _sees(q_pos, k_pos, LEFT, RIGHT, WINDOW: tl.constexpr):
+    """True where query ``q_pos`` sees key ``k_pos`` (index tensors that broadcast to the tile, either
+    way round): the window's keys q - LEFT ... q + RIGHT, or causally the keys up to q."""
+    if WINDOW:
+        return (k_pos >= q_pos - LEFT) & (k_pos <= q_pos + RIGHT)
+    return k_pos <= q_pos
+
+
+@triton.jit
 def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                 offs_n, offs_d, d_ok, offs_t, t_ok, lo, hi, S_q, qk_scale, scale,
@@ -205,8 +214,9 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
     never with TMA or FUSED_DQ): the tail columns ride along as *_t tiles; S^T = K Q^T and
     dP^T = V dO^T sum a main and a tail dot, dK and dV get one dot per part (dk, dk_t; dv, dv_t)."""
     # Under dropout, 64 x 64 tiles take the tile the other way round (queries down the rows; H100,
-    # fp16, B4 H16 S4096 D128 causal: 1.61 ms against 1.78 for the best transposed tile); smaller
-    # query blocks fall back to slower tensor-core instructions that way, so they keep S^T
+    # fp16, B4 H16 S4096 D128 causal: 1.61 ms against 1.78 for the best transposed tile). The other
+    # tiles measured slower that way (with 32 query rows Triton falls back from wgmma to mma.sync;
+    # 64 x 128 and 128 x 128 spill registers in a compile for sm_90), so they keep S^T
     QUERY_MAJOR: tl.constexpr = DROPOUT and BLOCK_M == 64 and BLOCK_N == 64
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -236,11 +246,7 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                 s = tl.dot(q_t, tl.trans(k_t), acc=s, input_precision=DOT_PRECISION)
             p = tl.exp2(s * qk_scale - lse2[:, None])
             if MASKED:
-                if WINDOW:
-                    p = tl.where((offs_m[:, None] >= offs_n[None, :] - RIGHT) & (offs_m[:, None] <= offs_n[None, :] + LEFT),
-                                 p, 0.0)
-                else:
-                    p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
+                p = tl.where(_sees(offs_m[:, None], offs_n[None, :], LEFT, RIGHT, WINDOW), p, 0.0)
             keep = dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             pzT = tl.trans((p * keep.to(tl.float32)).to(do.dtype))   # dV's 1 / (1 - p): once, at the end
         else:
@@ -249,11 +255,7 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                 sT = tl.dot(k_t, tl.trans(q_t), acc=sT, input_precision=DOT_PRECISION)
             pT = tl.exp2(sT * qk_scale - lse2[None, :])
             if MASKED:
-                if WINDOW:   # key j is seen by rows j - RIGHT ... j + LEFT
-                    pT = tl.where((offs_m[None, :] >= offs_n[:, None] - RIGHT) & (offs_m[None, :] <= offs_n[:, None] + LEFT),
-                                  pT, 0.0)
-                else:
-                    pT = tl.where(offs_n[:, None] <= offs_m[None, :], pT, 0.0)
+                pT = tl.where(_sees(offs_m[None, :], offs_n[:, None], LEFT, RIGHT, WINDOW), pT, 0.0)
             if DROPOUT:   # the forward's Z, transposed: its 8-bit draws cross threads through shared memory
                 keepT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8))
                 keepT = keepT.to(tl.int32) >= threshold
