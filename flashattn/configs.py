@@ -61,7 +61,8 @@ INTERPRETER_CONFIG = _c(32, 32, 1, 1)
 #: The fast kernels in the interpreter (CPU tests): small unequal tiles, so that the causal
 #: diagonal logic is exercised, with the divisibility each backward kernel needs.
 INTERPRETER_FAST_CONFIGS = {"fast_fwd": _c(32, 16, 1, 1), "fast_dq": _c(32, 16, 1, 1),
-                            "fast_dkdv": _c(16, 32, 1, 1), "fast_dk": _c(16, 32, 1, 1), "fast_dv": _c(16, 32, 1, 1)}
+                            "fast_dkdv": _c(16, 32, 1, 1), "fast_dk": _c(16, 32, 1, 1), "fast_dv": _c(16, 32, 1, 1),
+                            "fast_pieces": _c(16, 32, 1, 1)}
 
 # Candidates per kernel, best first. The last of each list is small enough for D = 256 or a
 # 64 KB-shared-memory GPU.
@@ -88,6 +89,10 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
                 _c(32, 64, 4, 1)],
     "fast_dv": [_c(32, 64, 4, 2), _c(16, 64, 4, 3), _c(64, 128, 8, 1), _c(64, 64, 4, 2), _c(32, 32, 4, 2),
                 _c(32, 64, 4, 1)],
+    # the fused dK/dV + dQ kernel on fp32 inputs as bf16 pieces (``fast/pieces.py``): three
+    # planes of every tile it keeps or streams
+    "fast_pieces": [_c(64, 64, 4, 1), _c(64, 128, 8, 1), _c(64, 64, 4, 2), _c(128, 128, 8, 1), _c(32, 64, 4, 1),
+                    _c(32, 64, 4, 2), _c(32, 32, 4, 2), _c(16, 32, 4, 1)],
     # lazy attention (its dQ kernel sums dBias along the diagonals of square tiles)
     "lazy_fwd": [_c(128, 64, 8, 3), _c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
     "lazy_pre": [_c(64, 64, 4, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
@@ -114,6 +119,11 @@ PREFERRED: dict[tuple[str, int], KernelConfig] = {
     # ms with delta, causal or not): dK 64 x 128 / 8 / 1 stage (1.98, 1.31; 32 x 32: 4.34, 2.44),
     # dV 32 x 64 / 4 / 2 (1.43, 0.80)
     ("fast_dk", 256): _c(64, 128, 8, 1), ("fast_dv", 256): _c(32, 64, 4, 2),
+    # the fused backward on fp32's bf16 pieces, from an H100 sweep (2026-11-25, ms, causal / not):
+    # D=128 (B2 H16 S4096) 32 x 32 / 4 / 2: 7.37 / 14.04, 64 x 64 / 4 / 1: 11.68 / 13.70,
+    # 32 x 64 / 4 / 1: 9.88 / 16.75; D=64 (B2 H8 S2048) 64 x 64 / 4 / 1: 0.51 / 0.59,
+    # 128 x 128 / 8 / 1: 0.75 / 0.66; the taller tiles and a second stage do not fit at D=128
+    ("fast_pieces", 64): _c(64, 64, 4, 1), ("fast_pieces", 128): _c(32, 32, 4, 2),
 }
 
 #: The fast kernels with fp32 inputs (``runtime.fast_dot_precision``: six bf16 products per
@@ -152,7 +162,7 @@ FP32_CANDIDATES: dict[str, list[KernelConfig]] = {
 #: What each kernel keeps in shared memory looks like one of three layouts (see below).
 LAYOUT = {"fwd": "fwd", "dq": "dq", "dkdv": "dkdv", "delta": "delta",
           "fast_fwd": "fwd", "fast_dq": "dq", "fast_dkdv": "dkdv", "fast_dk": "dkdv", "fast_dv": "dkdv",
-          "lazy_fwd": "fwd", "lazy_pre": "dq", "lazy_dq": "dq", "lazy_dkdv": "dkdv"}
+          "lazy_fwd": "fwd", "lazy_pre": "dq", "lazy_dq": "dq", "lazy_dkdv": "dkdv", "fast_pieces": "pieces"}
 
 
 def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_bytes: int) -> int:
@@ -178,6 +188,8 @@ def shared_memory_estimate(kernel: str, cfg: KernelConfig, block_d: int, elem_by
     elif layout == "dkdv":  # holds K, V; streams Q, dO and their LSE and delta rows
         elems = 2 * N * D + st * 2 * M * D
         vectors = (st - 1) * M * 2 * 4
+    elif layout == "pieces":  # the dkdv layout with three bf16 planes of each tile
+        elems = 3 * (2 * N * D + st * 2 * M * D)
     elif layout == "delta":
         elems = 0
     else:

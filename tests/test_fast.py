@@ -8,7 +8,7 @@ import torch
 import flashattn
 from flashattn import fast
 
-from conftest import ON_GPU, TOL, assert_close_per_head, rand, reference
+from conftest import DEVICE, ON_GPU, TOL, assert_close_per_head, rand, reference
 
 FAST_DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_GPU else [torch.float32, torch.float16]
 
@@ -39,10 +39,12 @@ def _run(q, k, v, do, causal, backward):
     return {"O": out.detach(), "dQ": leaves[0].grad, "dK": leaves[1].grad, "dV": leaves[2].grad}
 
 
-@pytest.mark.parametrize("backward", ["two-kernel", "fused"])
+@pytest.mark.parametrize("backward", ["auto", "two-kernel", "fused"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}Hkv{}Sq{}Sk{}D{}".format(*s))
 def test_fast_matches_reference(shape, causal, backward):
+    """(On the CPU the dtype is fp32: "auto" and "fused" run the fused kernel on bf16 pieces
+    there, for head dims up to 128.)"""
     B, H, H_kv, S_q, S_k, D = shape
     dtype = FAST_DTYPES[0]
     q, k, v = rand(B, H, S_q, D, dtype=dtype), rand(B, H_kv, S_k, D, dtype=dtype), rand(B, H_kv, S_k, D, dtype=dtype)
@@ -70,7 +72,7 @@ def test_fast_strides_and_dtypes(dtype, do_layout, D):
         do = torch.ones((), dtype=dtype, device=q.device).expand(B, H, S, D)
     else:
         do = rand(B, H, S, D, dtype=dtype, layout=do_layout)
-    got = _run(q, k, v, do, True, "two-kernel")
+    got = _run(q, k, v, do, True, "auto")      # fp32 at D=64: the fused kernel on bf16 pieces
     ref = reference(q, k, v, do, causal=True)
     for name in ("O", "dQ", "dK", "dV"):
         assert got[name].dtype == dtype
@@ -104,8 +106,9 @@ def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail):
     for fused in (False, True):
         backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, fused=fused)
     dkdv = "dkdv" if tail or D <= 128 else "dk"      # a 256-column tile: dK and dV apart (next test)
+    fused = "pieces" if q.dtype == torch.float32 and D <= 128 else "fused"   # fp32: on bf16 pieces
     assert launched["dq"]["BLOCK_D_TAIL"] == launched[dkdv]["BLOCK_D_TAIL"] == tail
-    assert launched["fused"]["BLOCK_D_TAIL"] == 0 and launched["fused"]["BLOCK_D"] >= D
+    assert launched[fused]["BLOCK_D_TAIL"] == 0 and launched[fused]["BLOCK_D"] >= D
     if tail:
         assert all(launched[n]["BLOCK_D"] == 128 and not launched[n]["PAD_D"] for n in ("dq", "dkdv"))
 
@@ -129,7 +132,8 @@ def test_dk_and_dv_launched_apart_at_head_dim_256(monkeypatch, D, switch, launch
     assert [meta["DKDV_PART"] for _, meta in launched] == [tuning.DKDV_PART[n] for n in launches]
     launched.clear()
     backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, fused=True)
-    assert [(name, meta["DKDV_PART"]) for name, meta in launched] == [("fused", 0)]
+    fused = "pieces" if q.dtype == torch.float32 and D <= 128 else "fused"   # fp32: on bf16 pieces
+    assert [(name, meta["DKDV_PART"]) for name, meta in launched] == [(fused, 0)]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -318,3 +322,72 @@ def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal):
     without = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
     for name, a, b in zip(("dQ", "dK", "dV"), with_tma, without):
         assert torch.equal(a, b), name
+
+
+def test_fp32_pieces_add_up_to_the_input():
+    """fast.pieces.split_pieces: three bf16 planes whose sum is the fp32 input, for values across
+    fp32's range and for inputs of any strides (a [B, S, H, D] layout, a stride-0 dO)."""
+    from flashattn.fast.pieces import split_pieces
+
+    scales = torch.logspace(-20, 20, 24, device=DEVICE).repeat_interleave(2)     # 48 columns
+    x = rand(2, 3, 37, 48, layout="bshd") * scales
+    ones = torch.full((), -1.2345678, device=DEVICE).expand(2, 3, 37, 48)
+    planes = split_pieces(x, ones)
+    assert planes.shape == (3, 2, 2, 3, 37, 48) and planes.dtype == torch.bfloat16
+    for i, t in enumerate((x, ones)):
+        total = planes[0, i].double() + planes[1, i].double() + planes[2, i].double()
+        rel = ((total - t.double()).abs() / t.double().abs()).max().item()
+        assert rel <= 2.0 ** -24, f"tensor {i}: pieces miss the input by {rel:.1e} (relative)"
+    with pytest.raises(ValueError, match="two fp32 tensors of one shape"):
+        split_pieces(x, x.half())
+
+
+def test_fp32_backward_runs_fused_on_pieces_by_default(monkeypatch):
+    """What the launcher runs: fp32 with head dims up to 128 and none of lesson 09's features, the
+    fused kernel on bf16 pieces (one launch, after the split); fp16, wider heads, a window,
+    FLASHATTN_FP32_PIECES=0 and torch.use_deterministic_algorithms, the two kernels."""
+    from flashattn.fast import backward, tuning
+
+    def launched(dtype=torch.float32, D=64, **kw):
+        names = []
+        with monkeypatch.context() as m:
+            m.setattr(tuning, "run", lambda name, raw, tuned, grid, args, meta, **k: names.append(
+                (name, meta.get("PIECES", False))))
+            q, k, v, o, do = (rand(1, 2, 8, D, dtype=dtype) for _ in range(5))
+            lse = torch.randn(1, 2, 8, device=q.device)
+            backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, **kw)
+        return names
+
+    assert launched() == launched(D=128) == [("pieces", True)]
+    assert launched(fused=False) == [("dq", False), ("dkdv", False)]
+    assert launched(dtype=torch.float16) == [("dq", False), ("dkdv", False)]
+    assert launched(dtype=torch.float16, fused=True) == [("fused", False)]
+    assert launched(D=136) == [("dq", False), ("dkdv", False)]            # a 256-column tile
+    assert launched(window_args=(True, 3, 0)) == [("dq", False), ("dkdv", False)]
+    assert launched(needs_dq=False) == [("dkdv", False)]
+    monkeypatch.setenv(tuning.FP32_PIECES_ENV, "0")
+    assert launched() == [("dq", False), ("dkdv", False)]
+    monkeypatch.delenv(tuning.FP32_PIECES_ENV)
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert launched() == [("dq", False), ("dkdv", False)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 45, 70, 64), (1, 2, 1, 37, 29, 40)] + (
+    [(2, 8, 2, 1000, 900, 64), (1, 4, 4, 777, 1500, 128), (1, 2, 1, 513, 300, 40), (2, 4, 4, 2048, 2048, 128)]
+    if ON_GPU else []), ids=lambda s: "B{}H{}Hkv{}Sq{}Sk{}D{}".format(*s))
+def test_fp32_pieces_keep_fp32_accuracy(shape, causal):
+    """The fused kernel on bf16 pieces (fp32's default backward) at fp32's accuracy: 2e-6 per
+    head against float64 (measured 3-4e-7 on an H100; SDPA's fp32 kernel 6-9e-7). Adding each
+    six-product sum into dK's running sum on the tensor cores, as it first did, truncated its
+    way to 8.5e-6; this bound catches that."""
+    B, H, H_kv, S_q, S_k, D = shape
+    q, k, v = rand(B, H, S_q, D), rand(B, H_kv, S_k, D, layout="bshd"), rand(B, H_kv, S_k, D)
+    do = rand(B, H, S_q, D)
+    got = _run(q, k, v, do, causal, "auto")
+    ref = reference(q, k, v, do, causal=causal)
+    for name in ("O", "dQ", "dK", "dV"):
+        assert_close_per_head(name, got[name], ref[name], 2e-6)

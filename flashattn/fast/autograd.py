@@ -2,7 +2,10 @@
 
 It takes fp16, bf16 and fp32 inputs with any head dim that is a multiple of 8 up to 256, GQA and
 any strides. The backward is the two-kernel design (dQ kernel + dK/dV kernel, no atomics); the
-fused one (dQ by fp32 atomic adds) is there to compare with, on request (``backward="fused"``).
+fused one (dQ by fp32 atomic adds) is there to compare with, on request (``backward="fused"``),
+and is the default for fp32 inputs (``backward="auto"``), at fp32's accuracy on bf16 pieces
+(``pieces.py``): there every product costs several, and recomputing S and dP for dQ costs more
+than the atomics (``tuning.fused_by_default``; not under ``torch.use_deterministic_algorithms``).
 
 Why two kernels by default, measured on an H100 (fp16 and bf16, B*S = 16k, H*D = 2048;
 ``results/`` and ``notebooks/06_performance.ipynb``): across the benchmark grid the tuned
@@ -20,11 +23,12 @@ import torch
 from .. import runtime
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
-from .tuning import ArgSpec, warm
+from .tuning import ArgSpec, fused_by_default, warm
 
 #: head dims the fast kernels take: multiples of 8 up to 256 (padded to a power of two inside)
 HEAD_DIMS = tuple(range(8, 257, 8))
-BACKWARDS = ("two-kernel", "fused")
+BACKWARDS = ("auto", "two-kernel", "fused")
+_FUSED = {"auto": None, "two-kernel": False, "fused": True}   # fast_attention_backward's ``fused``
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
@@ -52,14 +56,15 @@ class FastFlashAttentionFunction(torch.autograd.Function):
         wait_prepared(q, k, ctx.causal)
         dq, dk, dv = fast_attention_backward(q, k, v, o, contiguous_do(do), lse, ctx.causal, ctx.scale,
                                              needs_dq=needs_q, needs_dkdv=needs_k or needs_v,
-                                             fused=ctx.backward == "fused")
+                                             fused=_FUSED[ctx.backward])
         return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
                 None, None, None)
 
 
 def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
-                         backward: str = "two-kernel") -> torch.Tensor:
-    """The tuned kernels only (raises ValueError where they do not apply)."""
+                         backward: str = "auto") -> torch.Tensor:
+    """The tuned kernels only (raises ValueError where they do not apply). ``backward``: "auto"
+    (two kernels; fused for fp32), "two-kernel" or "fused"."""
     runtime.validate_qkv(q, k, v)
     causal = runtime.validate_causal(causal)
     scale = runtime.validate_scale(scale, q.shape[-1])
@@ -67,7 +72,7 @@ def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float
     if not ok:
         raise ValueError(why)
     if backward not in BACKWARDS:
-        raise ValueError(f"backward must be 'two-kernel' or 'fused', got {backward!r}")
+        raise ValueError(f"backward must be one of {', '.join(map(repr, BACKWARDS))}, got {backward!r}")
     if backward == "fused" and torch.are_deterministic_algorithms_enabled():
         raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
                            "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
@@ -170,11 +175,13 @@ def prepare_backward(q, k, v, o, lse, causal: bool, scale: float) -> None:
     do, delta = o, ArgSpec(lse.shape, lse.dtype, lse.device)
     D = q.shape[-1]
     _triton_key()
-    _prepared[key] = [
-        _pool.submit(_on, q.device, fast_attention_backward, q, k, v, o, do, lse, causal, scale, True, False,
-                     warmup=True),
-        _pool.submit(_on, q.device, fast_attention_backward, q, k, v, o, do, lse, causal, scale, False, True,
-                     warmup=True),
+    if fused_by_default(q, True):   # fp32: one fused kernel (and the split into pieces)
+        kernels = [_pool.submit(_on, q.device, fast_attention_backward, q, k, v, o, do, lse, causal, scale,
+                                warmup=True)]
+    else:                           # the dQ kernel and the dK/dV kernel, side by side
+        kernels = [_pool.submit(_on, q.device, fast_attention_backward, q, k, v, o, do, lse, causal, scale,
+                                needs, not needs, warmup=True) for needs in (True, False)]
+    _prepared[key] = kernels + [
         _pool.submit(_on, q.device, warm, attn_bwd_delta_kernel, o, do, delta, *o.stride(), *do.stride(),
                      *delta.stride(), q.shape[1], q.shape[2], D, BLOCK_M=64, BLOCK_D=runtime.head_dim_block(D),
                      grid=(1,), num_warps=4, num_stages=1),

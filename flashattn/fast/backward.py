@@ -37,6 +37,7 @@ from ..backward import attention_backward_delta
 from . import tuning
 from ..features import dropout_draws, dropout_keep, dropout_threshold, sequence_bounds
 from .forward import load_tile, store_tile, window_tiles
+from .pieces import load3, mm, operand, split_pieces, trans
 from .tuning import LOG2E
 
 
@@ -209,19 +210,28 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                 MASKED: tl.constexpr, FUSED_DQ: tl.constexpr, BLOCK_M: tl.constexpr,
                 PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
                 WINDOW: tl.constexpr, DROPOUT: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-                TMA_STATS: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, PAD_T: tl.constexpr, PART: tl.constexpr):
+                TMA_STATS: tl.constexpr, BLOCK_D_TAIL: tl.constexpr, PAD_T: tl.constexpr, PART: tl.constexpr,
+                stride_piece_q, PIECES: tl.constexpr):
     """dK += dS^T Q, dV += P^T dO over query blocks [lo, hi) (PART 1: dK only, 2: dV only). Split head dim (BLOCK_D_TAIL > 0,
     never with TMA or FUSED_DQ): the tail columns ride along as *_t tiles; S^T = K Q^T and
-    dP^T = V dO^T sum a main and a tail dot, dK and dV get one dot per part (dk, dk_t; dv, dv_t)."""
+    dP^T = V dO^T sum a main and a tail dot, dK and dV get one dot per part (dk, dk_t; dv, dv_t).
+    PIECES (fp32 inputs, the fused kernel): Q and dO arrive as three bf16 planes ``stride_piece_q``
+    apart, K and V as their pieces, and every product is six bf16 ones (``pieces.py``)."""
     # Under dropout, 64 x 64 tiles take the tile the other way round (queries down the rows; H100,
     # fp16, B4 H16 S4096 D128 causal: 1.61 ms against 1.78 for the best transposed tile). The other
     # tiles measured slower that way (with 32 query rows Triton falls back from wgmma to mma.sync;
     # 64 x 128 and 128 x 128 spill registers in a compile for sm_90), so they keep S^T
     QUERY_MAJOR: tl.constexpr = DROPOUT and BLOCK_M == 64 and BLOCK_N == 64
+    tl.static_assert(not PIECES or not (QUERY_MAJOR or TMA or BLOCK_D_TAIL > 0), "pieces: the plain fused tile only")
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
-        if TMA:   # q_base, do_base are tensor descriptors: rows past S_q arrive as zeros
+        if PIECES:
+            q = load3(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok,
+                      stride_piece_q, PAD_D)
+            do = load3(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok,
+                       stride_piece_q, PAD_D)
+        elif TMA:   # q_base, do_base are tensor descriptors: rows past S_q arrive as zeros
             q = q_base.load([start_m, 0])
             do = do_base.load([start_m, 0])
         else:
@@ -250,7 +260,7 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             keep = dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
             pzT = tl.trans((p * keep.to(tl.float32)).to(do.dtype))   # dV's 1 / (1 - p): once, at the end
         else:
-            sT = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+            sT = mm(k, trans(q, PIECES), DOT_PRECISION, PIECES)
             if BLOCK_D_TAIL > 0:
                 sT = tl.dot(k_t, tl.trans(q_t), acc=sT, input_precision=DOT_PRECISION)
             pT = tl.exp2(sT * qk_scale - lse2[None, :])
@@ -259,11 +269,11 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             if DROPOUT:   # the forward's Z, transposed: its 8-bit draws cross threads through shared memory
                 keepT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8))
                 keepT = keepT.to(tl.int32) >= threshold
-                pzT = tl.where(keepT, pT, 0.0).to(do.dtype)
+                pzT = operand(tl.where(keepT, pT, 0.0), do, PIECES)
             else:
-                pzT = pT.to(do.dtype)
+                pzT = operand(pT, do, PIECES)
         if PART != 1:
-            dv += tl.dot(pzT, do, input_precision=DOT_PRECISION)
+            dv += mm(pzT, do, DOT_PRECISION, PIECES)
             if BLOCK_D_TAIL > 0:
                 dv_t += tl.dot(pzT, do_t, input_precision=DOT_PRECISION)
         if PART != 2:   # dS = P * (dP - delta), dP = dO V^T (times Z / (1 - p) under dropout: one FFMA)
@@ -273,18 +283,18 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                     dp = tl.dot(do_t, tl.trans(v_t), acc=dp, input_precision=DOT_PRECISION)
                 dsT = tl.trans((p * (tl.where(keep, dp, 0.0) * keep_scale - delta[:, None])).to(q.dtype))
             else:
-                dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)
+                dpT = mm(v, trans(do, PIECES), DOT_PRECISION, PIECES)
                 if BLOCK_D_TAIL > 0:
                     dpT = tl.dot(v_t, tl.trans(do_t), acc=dpT, input_precision=DOT_PRECISION)
                 if DROPOUT:
-                    dsT = (pT * (tl.where(keepT, dpT, 0.0) * keep_scale - delta[None, :])).to(q.dtype)
+                    dsT = operand(pT * (tl.where(keepT, dpT, 0.0) * keep_scale - delta[None, :]), q, PIECES)
                 else:
-                    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-            dk += tl.dot(dsT, q, input_precision=DOT_PRECISION)
+                    dsT = operand(pT * (dpT - delta[None, :]), q, PIECES)
+            dk += mm(dsT, q, DOT_PRECISION, PIECES)
             if BLOCK_D_TAIL > 0:
                 dk_t += tl.dot(dsT, q_t, input_precision=DOT_PRECISION)
         if FUSED_DQ:   # this tile's share of dQ = dS K * scale, added into the fp32 buffer
-            dq_part = tl.dot(tl.trans(dsT), k, input_precision=DOT_PRECISION) * scale
+            dq_part = mm(trans(dsT, PIECES), k, DOT_PRECISION, PIECES) * scale
             tl.atomic_add(dq_base + offs_m[:, None] * stride_dq_s + offs_d[None, :], dq_part,
                           mask=row_ok[:, None] & d_ok[None, :], sem="relaxed")
     return dk, dv, dk_t, dv_t
@@ -302,11 +312,11 @@ def fast_dkdv_kernel(
     stride_dv_b, stride_dv_h, stride_dv_s,
     stride_dq_b, stride_dq_h, stride_dq_s,
     H_KV, GROUP_SIZE, S_q, S_k, scale, S_BUCKET, LEFT, RIGHT, dropout_p, threshold, seed,
-    CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    stride_piece_q, stride_piece_kv, CAUSAL: tl.constexpr, FUSED_DQ: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     PAD_D: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOW: tl.constexpr = False, VARLEN: tl.constexpr = False, DROPOUT: tl.constexpr = False,
     TMA: tl.constexpr = False, TMA_STATS: tl.constexpr = False, BLOCK_D_TAIL: tl.constexpr = 0,
-    DKDV_PART: tl.constexpr = 0,
+    DKDV_PART: tl.constexpr = 0, PIECES: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -328,8 +338,14 @@ def fast_dkdv_kernel(
         v_base += k_start.to(tl.int64) * stride_v_s
         dk_base += k_start.to(tl.int64) * stride_dk_s
         dv_base += k_start.to(tl.int64) * stride_dv_s
-    k = load_tile(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d, col_ok, d_ok, True, PAD_D)
-    v = load_tile(v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d, col_ok, d_ok, True, PAD_D)
+    k_ptrs = k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d
+    v_ptrs = v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d
+    if PIECES:   # fp32: K and V come as three bf16 planes too (pieces.py)
+        k = load3(k_ptrs, col_ok, d_ok, stride_piece_kv, PAD_D)
+        v = load3(v_ptrs, col_ok, d_ok, stride_piece_kv, PAD_D)
+    else:
+        k = load_tile(k_ptrs, col_ok, d_ok, True, PAD_D)
+        v = load_tile(v_ptrs, col_ok, d_ok, True, PAD_D)
     qk_scale = scale * LOG2E
     keep_scale = 1.0 / (1.0 - dropout_p)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
@@ -377,21 +393,21 @@ def fast_dkdv_kernel(
                 offs_n, offs_d, d_ok, offs_t, t_ok, lo, free_lo, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T, DKDV_PART)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART, stride_piece_q, PIECES)
             dk, dv, dk_t, dv_t = _dkdv_tiles(
                 dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                 offs_n, offs_d, d_ok, offs_t, t_ok, free_lo, free_hi, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T, DKDV_PART)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART, stride_piece_q, PIECES)
             dk, dv, dk_t, dv_t = _dkdv_tiles(
                 dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, delta_base, dq_base,
                 stride_q_s, stride_q_d, stride_do_s, stride_do_d, stride_dq_s,
                 offs_n, offs_d, d_ok, offs_t, t_ok, free_hi, hi, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, True, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T, DKDV_PART)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART, stride_piece_q, PIECES)
         else:
             if CAUSAL:
                 # rows start_n .. start_n+BLOCK_N-1 straddle the diagonal (BLOCK_M divides BLOCK_N);
@@ -403,7 +419,7 @@ def fast_dkdv_kernel(
                     offs_n, offs_d, d_ok, offs_t, t_ok, start_n, diag_end, S_q, qk_scale, scale,
                     start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                     True, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                    BLOCK_D_TAIL, PAD_T, DKDV_PART)
+                    BLOCK_D_TAIL, PAD_T, DKDV_PART, stride_piece_q, PIECES)
                 first_free = start_n + BLOCK_N
             else:
                 first_free = 0
@@ -413,7 +429,7 @@ def fast_dkdv_kernel(
                 offs_n, offs_d, d_ok, offs_t, t_ok, first_free, q_end, S_q, qk_scale, scale,
                 start_n, S_k, LEFT, RIGHT, seed, seq_head, threshold, keep_scale,
                 False, FUSED_DQ, BLOCK_M, PAD_D, DOT_PRECISION, False, DROPOUT, BLOCK_N, TMA, TMA_STATS,
-                BLOCK_D_TAIL, PAD_T, DKDV_PART)
+                BLOCK_D_TAIL, PAD_T, DKDV_PART, stride_piece_q, PIECES)
 
     if DKDV_PART != 2:
         store_tile(dk_base + offs_n[:, None] * stride_dk_s + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
@@ -434,17 +450,19 @@ def fast_dkdv_kernel(
 
 
 _tuned_dq = tuning.autotuned(fast_dq_kernel, "dq")
-_TUNED = {name: tuning.autotuned(fast_dkdv_kernel, name, reset_to_zero=["DQ_ACC"] if name == "fused" else None)
-          for name in ("dkdv", "fused", "dk", "dv")}     # one autotuner per launch: DKDV_PART is not in its key
+_TUNED = {name: tuning.autotuned(fast_dkdv_kernel, name, reset_to_zero=["DQ_ACC"] if name in ("fused", "pieces") else None)
+          for name in ("dkdv", "fused", "dk", "dv", "pieces")}   # one autotuner per launch: DKDV_PART is not in its key
 
 
 def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
-                            needs_dq: bool = True, needs_dkdv: bool = True, *, fused: bool = False,
+                            needs_dq: bool = True, needs_dkdv: bool = True, *, fused: bool | None = None,
                             config=None, warmup: bool = False,
                             layout=None, window_args=(False, 0, 0), dropout_p: float = 0.0, seed: int = 0):
-    """(dq, dk, dv) by the tuned backward; None for what was not asked for. Two kernels by
-    default; ``fused=True``: one dK/dV kernel that also adds dQ with atomics (see the module's
-    docstring). ``warmup=True`` only compiles the kernels (see ``fast.precompile``).
+    """(dq, dk, dv) by the tuned backward; None for what was not asked for. ``fused``: True for
+    one dK/dV kernel that also adds dQ with atomics (see the module's docstring), False for the
+    two kernels, None (the default) for ``tuning.fused_by_default``: two kernels, except fp32,
+    which runs fused (on bf16 pieces, ``pieces.py``, at fp32's accuracy). ``warmup=True`` only compiles the kernels
+    (see ``fast.precompile``).
     fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too); the two
     kernels split a head dim of 128 < D <= 192 into 128 + tail columns (``tuning.head_dim_tail``).
     ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's."""
@@ -455,13 +473,26 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     else:
         B, S_q, S_k, varlen, cu_q, cu_k = layout.batches, layout.S_q, layout.S_k, layout.varlen, layout.cu_q, layout.cu_k
         fused = False                     # lesson 09's features run on the two-kernel backward
+    plain = layout is None and not window_args[0] and not dropout_p     # none of lesson 09's features
+    if fused is None:
+        fused = tuning.fused_by_default(q, plain)
+    fused = fused and needs_dq and needs_dkdv
+    pieces = fused and tuning.fp32_pieces(q, plain)
     new, strides = tuning.outputs_and_strides(layout, warmup)
     delta = tuning.ArgSpec(lse.shape, lse.dtype, lse.device) if warmup else attention_backward_delta(o, do)
     S_BUCKET = tuning.bucket(S_q, S_k)
-    common = (cu_q, cu_k, *strides(q), *strides(k), *strides(v), *strides(do),
+    q_in, k_in, v_in, do_in, stride_piece_q, stride_piece_kv = q, k, v, do, 0, 0
+    if pieces:   # fp32: Q, dO and K, V split once into bf16 planes, which the kernel loads (pieces.py)
+        planes_q, planes_kv = split_pieces(q, do, warmup=warmup), split_pieces(k, v, warmup=warmup)
+        stride_piece_q, stride_piece_kv = planes_q.stride(0), planes_kv.stride(0)
+        if warmup:
+            q_in = do_in = tuning.ArgSpec(q.shape, torch.bfloat16, q.device)
+            k_in = v_in = tuning.ArgSpec(k.shape, torch.bfloat16, k.device)
+        else:
+            q_in, do_in, k_in, v_in = planes_q[0, 0], planes_q[0, 1], planes_kv[0, 0], planes_kv[0, 1]
+    common = (cu_q, cu_k, *strides(q_in), *strides(k_in), *strides(v_in), *strides(do_in),
               *strides(lse)[:2], *strides(delta)[:2])
     features = (S_BUCKET, *window_args[1:], float(dropout_p), dropout_threshold(dropout_p), seed)
-    fused = fused and needs_dq and needs_dkdv
     # TMA loads where they measured faster on an H100 (notebook 06): D = 128 with a long query loop,
     # 4-9% off the backward at S >= 4k; at S = 1k causal the descriptors' setup cost 16%, at D = 64
     # nothing was gained, and the fused kernel got slower
@@ -489,15 +520,15 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                       else torch.zeros(q.shape, dtype=torch.float32, device=q.device))
         else:
             dq_acc = dk
-        args = (q, k, v, do, lse, delta, dk, dv, dq_acc, *common,
+        args = (q_in, k_in, v_in, do_in, lse, delta, dk, dv, dq_acc, *common,
                 *strides(dk)[:3], *strides(dv)[:3], *strides(dq_acc)[:3],
-                H_kv, H // H_kv, S_q, S_k, scale, *features)
-        parts = tuning.dkdv_parts(D, fused)    # D > 192: dK and dV by a launch each
+                H_kv, H // H_kv, S_q, S_k, scale, *features, stride_piece_q, stride_piece_kv)
+        parts = ("pieces",) if pieces else tuning.dkdv_parts(D, fused)    # D > 192: dK and dV by a launch each
         assert not (tma and len(parts) > 1), "TMA loads are for D = 128 only; dK, dV are split at D > 192"
         for name in parts:
             tuning.run(name, fast_dkdv_kernel, _TUNED[name], lambda m: (triton.cdiv(S_k, m["BLOCK_N"]), B * H_kv),
                        args, dict(meta, **split, FUSED_DQ=fused, TMA=tma, TMA_STATS=tma_stats,
-                                  DKDV_PART=tuning.DKDV_PART[name]), config=config, warmup=warmup)
+                                  DKDV_PART=tuning.DKDV_PART[name], PIECES=pieces), config=config, warmup=warmup)
         if fused and not warmup:
             dq = dq_acc.to(q.dtype)
     return dq, dk, dv

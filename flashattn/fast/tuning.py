@@ -30,7 +30,8 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 #: kernel name used by the launchers -> key of ``configs.CANDIDATES``
 KERNELS = {"fwd": "fast_fwd", "dq": "fast_dq", "dkdv": "fast_dkdv", "fused": "fast_dkdv",
-           "dk": "fast_dk", "dv": "fast_dv"}      # dK and dV by two launches (``dkdv_parts``)
+           "dk": "fast_dk", "dv": "fast_dv",      # dK and dV by two launches (``dkdv_parts``)
+           "pieces": "fast_pieces"}               # fused, fp32 as bf16 pieces (``fp32_pieces``)
 
 
 class ArgSpec:
@@ -211,7 +212,7 @@ def head_dim_tail(head_dim: int) -> int:
 SPLIT_DKDV_ENV = "FLASHATTN_SPLIT_DKDV"
 
 #: The dK/dV kernel's ``DKDV_PART`` for each launch name: both gradients, dK only, dV only.
-DKDV_PART = {"dkdv": 0, "fused": 0, "dk": 1, "dv": 2}
+DKDV_PART = {"dkdv": 0, "fused": 0, "dk": 1, "dv": 2, "pieces": 0}
 
 
 def dkdv_parts(head_dim: int, fused: bool) -> tuple[str, ...]:
@@ -228,6 +229,42 @@ def dkdv_parts(head_dim: int, fused: bool) -> tuple[str, ...]:
     return ("dk", "dv")
 
 
+#: Environment variable: ``FLASHATTN_FP32_PIECES=0``: fp32's default backward as before the pieces
+#: (two kernels, each splitting its operands in registers with Triton's bf16x6).
+FP32_PIECES_ENV = "FLASHATTN_FP32_PIECES"
+
+
+def fp32_pieces(q, plain: bool) -> bool:
+    """Whether the fused backward may run fp32 inputs as bf16 pieces (``fast/pieces.py``): fp32
+    whose products are six bf16 ones (``runtime.fast_dot_precision``'s default; the interpreter,
+    which multiplies exactly, too), a tile of at most 128 columns, none of lesson 09's features
+    (``plain``), and ``FLASHATTN_FP32_PIECES`` not 0."""
+    import torch
+
+    return (plain and q.dtype == torch.float32 and runtime.head_dim_block(q.shape[-1]) <= 128
+            and (runtime.INTERPRET or runtime.fast_dot_precision(q.dtype) == "bf16x6")
+            and os.environ.get(FP32_PIECES_ENV, "").strip() != "0")
+
+
+def fused_by_default(q, plain: bool) -> bool:
+    """The backward's default form: two kernels, except fp32 inputs with head dims up to 128 and
+    none of lesson 09's features (``plain``), where the fused kernel measured faster on an H100
+    -- on bf16 pieces (:func:`fp32_pieces`), or with TF32 or the bf16x3 opt-in as Triton
+    multiplies -- unless ``torch.use_deterministic_algorithms`` is on (the fused kernel adds dQ
+    with atomics, in an order that changes from run to run). At fp32's cost of several 16-bit
+    products per product, recomputing S and dP in a dQ kernel of its own costs more than the
+    atomics. H100, ms, B2 H16 S4096 D128, causal / not: pieces 7.37 / 14.04, two kernels 13.61 /
+    25.03, SDPA's fp32 kernel 10.09 / 18.91; causal, two kernels against fused: TF32 6.70 / 4.79,
+    bf16x3 7.67 / 5.50 (B2 H8 S2048 D64: TF32 0.416 / 0.351, bf16x3 0.516 / 0.538). tf32x3 and
+    ieee keep the two kernels (the fused one measured slower with tf32x3's small tiles)."""
+    import torch
+
+    if not (plain and q.dtype == torch.float32 and runtime.head_dim_block(q.shape[-1]) <= 128) or \
+            torch.are_deterministic_algorithms_enabled():
+        return False
+    return fp32_pieces(q, plain) or (not runtime.INTERPRET and runtime.fast_dot_precision(q.dtype) in ("tf32", "bf16x3"))
+
+
 def constants(q, causal: bool) -> dict:
     """The compile-time arguments every fast kernel takes, for inputs like ``q``."""
     D = q.shape[-1]
@@ -242,7 +279,7 @@ def constants(q, causal: bool) -> dict:
 
 
 def _check_divisibility(name: str, cfg: KernelConfig) -> None:
-    if name in ("dkdv", "fused", "dk", "dv") and cfg.BLOCK_N % cfg.BLOCK_M:
+    if name in ("dkdv", "fused", "dk", "dv", "pieces") and cfg.BLOCK_N % cfg.BLOCK_M:
         raise ValueError(f"{name}: BLOCK_M must divide BLOCK_N, got {cfg}")
     if name == "dq" and cfg.BLOCK_M % cfg.BLOCK_N:
         raise ValueError(f"{name}: BLOCK_N must divide BLOCK_M, got {cfg}")
