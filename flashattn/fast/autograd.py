@@ -27,8 +27,8 @@ from .tuning import ArgSpec, fused_by_default, warm
 
 #: head dims the fast kernels take: multiples of 8 up to 256 (padded to a power of two inside)
 HEAD_DIMS = tuple(range(8, 257, 8))
-BACKWARDS = ("auto", "two-kernel", "fused")
 _FUSED = {"auto": None, "two-kernel": False, "fused": True}   # fast_attention_backward's ``fused``
+BACKWARDS = tuple(_FUSED)
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:

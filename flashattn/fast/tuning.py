@@ -234,15 +234,20 @@ def dkdv_parts(head_dim: int, fused: bool) -> tuple[str, ...]:
 FP32_PIECES_ENV = "FLASHATTN_FP32_PIECES"
 
 
+def _fp32_fusable(q, plain: bool) -> bool:
+    """fp32 inputs the fused backward may take by default: a tile of at most 128 columns and none
+    of lesson 09's features (``plain``)."""
+    import torch
+
+    return plain and q.dtype == torch.float32 and runtime.head_dim_block(q.shape[-1]) <= 128
+
+
 def fp32_pieces(q, plain: bool) -> bool:
     """Whether the fused backward may run fp32 inputs as bf16 pieces (``fast/pieces.py``): fp32
     whose products are six bf16 ones (``runtime.fast_dot_precision``'s default; the interpreter,
     which multiplies exactly, too), a tile of at most 128 columns, none of lesson 09's features
     (``plain``), and ``FLASHATTN_FP32_PIECES`` not 0."""
-    import torch
-
-    return (plain and q.dtype == torch.float32 and runtime.head_dim_block(q.shape[-1]) <= 128
-            and (runtime.INTERPRET or runtime.fast_dot_precision(q.dtype) == "bf16x6")
+    return (_fp32_fusable(q, plain) and (runtime.INTERPRET or runtime.fast_dot_precision(q.dtype) == "bf16x6")
             and os.environ.get(FP32_PIECES_ENV, "").strip() != "0")
 
 
@@ -259,8 +264,7 @@ def fused_by_default(q, plain: bool) -> bool:
     ieee keep the two kernels (the fused one measured slower with tf32x3's small tiles)."""
     import torch
 
-    if not (plain and q.dtype == torch.float32 and runtime.head_dim_block(q.shape[-1]) <= 128) or \
-            torch.are_deterministic_algorithms_enabled():
+    if not _fp32_fusable(q, plain) or torch.are_deterministic_algorithms_enabled():
         return False
     return fp32_pieces(q, plain) or (not runtime.INTERPRET and runtime.fast_dot_precision(q.dtype) in ("tf32", "bf16x3"))
 
