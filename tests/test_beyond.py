@@ -11,9 +11,10 @@ import torch
 
 import flashattn
 import triton
+import triton.language as tl
 from flashattn import KernelConfig, beyond
 from flashattn.beyond.kernels import dropout_mask_kernel
-from flashattn.features import DROPOUT_LEVELS, dropout_threshold
+from flashattn.features import DROPOUT_LEVELS, dropout_apply, dropout_threshold
 
 from conftest import DEVICE, ON_GPU, TOL, assert_close_per_head, rand
 
@@ -353,3 +354,28 @@ def test_sdpa_entry_point_takes_dropout():
     assert torch.equal(a, b)
     a.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@triton.jit
+def _dropout_apply_kernel(P, DRAWS, OUT, threshold, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(OUT + offs, dropout_apply(tl.load(P + offs), tl.load(DRAWS + offs), threshold))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_dropout_apply_keeps_exactly_the_draws_at_or_above_the_threshold(dtype):
+    """The fast kernels' P * Z (on a GPU: inline PTX on packed registers, features.dropout_apply)
+    against torch.where, bit for bit, for every draw and every threshold (CPU: a spread of them;
+    the interpreter runs the plain tl.where, so there this guards the fallback)."""
+    g = torch.Generator().manual_seed(5)
+    draws = torch.randperm(1024, generator=g) % 256                       # every byte, four times
+    p = torch.randn(1024, generator=g).to(dtype)
+    p[::7] = -p[::7].abs()                                                # sign bits set too
+    draws_dev, p_dev = draws.to(torch.uint8).to(DEVICE), p.to(DEVICE)
+    thresholds = range(257) if ON_GPU else [0, 1, 25, 26, 127, 128, 129, 230, 255, 256]
+    for threshold in thresholds:
+        out = torch.full_like(p_dev, float("nan"))
+        _dropout_apply_kernel[(1,)](p_dev, draws_dev, out, threshold, N=1024)
+        expected = torch.where(draws >= threshold, p, torch.zeros((), dtype=dtype))
+        assert torch.equal(out.cpu().view(torch.int16 if dtype != torch.float32 else torch.int32),
+                           expected.view(torch.int16 if dtype != torch.float32 else torch.int32)), threshold

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ..backward import attention_backward_delta
 from . import tuning
-from ..features import dropout_draws, dropout_keep, dropout_threshold, sequence_bounds
+from ..features import dropout_apply, dropout_draws, dropout_keep, dropout_threshold, sequence_bounds
 from .forward import load_tile, store_tile, window_tiles
 from .pieces import load3, mm, operand, split_pieces, trans
 from .tuning import LOG2E
@@ -222,7 +222,7 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
     # tiles measured slower that way (with 32 query rows Triton falls back from wgmma to mma.sync;
     # 64 x 128 and 128 x 128 spill registers in a compile for sm_90), so they keep S^T
     QUERY_MAJOR: tl.constexpr = DROPOUT and BLOCK_M == 64 and BLOCK_N == 64
-    tl.static_assert(not PIECES or not (QUERY_MAJOR or TMA or BLOCK_D_TAIL > 0), "pieces: the plain fused tile only")
+    tl.static_assert(not PIECES or not (DROPOUT or TMA or BLOCK_D_TAIL > 0), "pieces: the plain fused tile only")
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < S_q
@@ -257,8 +257,9 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             p = tl.exp2(s * qk_scale - lse2[:, None])
             if MASKED:
                 p = tl.where(_sees(offs_m[:, None], offs_n[None, :], LEFT, RIGHT, WINDOW), p, 0.0)
-            keep = dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold, BLOCK_M, BLOCK_N)
-            pzT = tl.trans((p * keep.to(tl.float32)).to(do.dtype))   # dV's 1 / (1 - p): once, at the end
+            draws = dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8)
+            keep = draws.to(tl.int32) >= threshold
+            pzT = tl.trans(dropout_apply(p.to(do.dtype), draws, threshold))   # dV's 1 / (1 - p): once, at the end
         else:
             sT = mm(k, trans(q, PIECES), DOT_PRECISION, PIECES)
             if BLOCK_D_TAIL > 0:
@@ -267,9 +268,9 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             if MASKED:
                 pT = tl.where(_sees(offs_m[None, :], offs_n[:, None], LEFT, RIGHT, WINDOW), pT, 0.0)
             if DROPOUT:   # the forward's Z, transposed: its 8-bit draws cross threads through shared memory
-                keepT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8))
-                keepT = keepT.to(tl.int32) >= threshold
-                pzT = operand(tl.where(keepT, pT, 0.0), do, PIECES)
+                drawsT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8))
+                keepT = drawsT.to(tl.int32) >= threshold
+                pzT = dropout_apply(operand(pT, do, PIECES), drawsT, threshold)
             else:
                 pzT = operand(pT, do, PIECES)
         if PART != 1:
