@@ -145,9 +145,13 @@ PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
 #: Where no entry is given the dense choice above stands -- dropout's too since its draws are
 #: 8 bits (2026-11-25, fp16 B4 H16 S4096 causal, ms: forward 128 x 128 / 8 / 3: 0.900, 128 x 64:
 #: 0.914; dK/dV 64 x 64 / 4 / 2, which turns its tiles round under dropout: 1.61, 32 x 64: 1.78).
+#: At D=64 the dense dK/dV tile (32 x 128, S^T) does not suit dropout: its draws cross threads
+#: (2026-11-25, same workload at D=64, ms: 32 x 128 / 4 / 3: 1.58 against 0.82 without dropout;
+#: 64 x 64 / 4 / 3, turned round: 0.89; 64 x 64 / 4 / 2: 0.90; 32 x 64 / 4 / 3: 1.54).
 PREFERRED_WITH: dict[tuple[str, int, str], KernelConfig] = {
     ("fast_fwd", 128, "varlen"): _c(64, 64, 4, 2), ("fast_dq", 128, "varlen"): _c(64, 32, 4, 3),
     ("fast_dkdv", 128, "varlen"): _c(32, 64, 4, 3), ("fast_dkdv", 128, "window"): _c(64, 128, 8, 2),
+    ("fast_dkdv", 64, "dropout"): _c(64, 64, 4, 3),
 }
 
 #: The lesson kernels with fp32 inputs: fp32 tiles take twice the memory and tf32x3 products
