@@ -54,7 +54,13 @@ def visible_in_window(rows, cols, S_q, S_k, LEFT, RIGHT, WINDOW: tl.constexpr):
 def dropout_keep(seed, seq_head, start_m, start_n, S_k, threshold,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Z: True where the element survives (its draw, ``dropout_draws``, is >= ``threshold``)."""
-    return dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.int32) >= threshold
+    return dropout_survives(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N), threshold)
+
+
+@triton.jit
+def dropout_survives(draws, threshold):
+    """Z from a tile of draws: True where the draw is >= ``threshold`` (p * 256, rounded)."""
+    return draws.to(tl.int32) >= threshold
 
 
 #: On a GPU, P * Z for a half-precision P runs as inline PTX on packed registers; Triton's
@@ -104,13 +110,13 @@ def dropout_apply(p, draws, threshold):
             "=r,=r,r,r,r,r,r,r,r,r,r,r,r",
             [p, draws, offset, high_mask], dtype=p.dtype, is_pure=True, pack=4)
     else:
-        return tl.where(draws.to(tl.int32) >= threshold, p, 0.0).to(p.dtype)
+        return tl.where(dropout_survives(draws, threshold), p, 0.0).to(p.dtype)
 
 
 @triton.jit
 def dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The dropout draws for query positions ``start_m ... start_m + BLOCK_M - 1`` and keys
-    ``start_n ... start_n + BLOCK_N - 1``: a [BLOCK_M, BLOCK_N] tile of numbers 0 ... 255.
+    ``start_n ... start_n + BLOCK_N - 1``: a [BLOCK_M, BLOCK_N] uint8 tile (numbers 0 ... 255).
 
     Philox is keyed by (seed, sequence * H + head). One call returns 4 x 32 random bits, i.e.
     sixteen 8-bit draws (a call per element would cost ~16x the arithmetic, more than the tile's
@@ -145,7 +151,7 @@ def dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M: tl.constexpr, 
         draws = _bytes(words)                                   # [M/2, t, g0, h, e]
         draws = tl.reshape(draws, [BLOCK_M // 16, 8, 4, 2, 2, 2])   # [R, r, t, g0, h, e]
         draws = tl.permute(draws, [0, 4, 1, 3, 2, 5])          # [R, h, r, g0, t, e]
-    return tl.reshape(draws, [BLOCK_M, BLOCK_N])
+    return tl.reshape(draws, [BLOCK_M, BLOCK_N]).to(tl.uint8)
 
 
 @triton.jit

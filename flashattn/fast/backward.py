@@ -35,7 +35,8 @@ import triton.language as tl
 
 from ..backward import attention_backward_delta
 from . import tuning
-from ..features import dropout_apply, dropout_draws, dropout_keep, dropout_threshold, sequence_bounds
+from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_survives, dropout_threshold,
+                        sequence_bounds)
 from .forward import load_tile, store_tile, window_tiles
 from .pieces import load3, mm, operand, split_pieces, trans
 from .tuning import LOG2E
@@ -257,8 +258,8 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             p = tl.exp2(s * qk_scale - lse2[:, None])
             if MASKED:
                 p = tl.where(_sees(offs_m[:, None], offs_n[None, :], LEFT, RIGHT, WINDOW), p, 0.0)
-            draws = dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8)
-            keep = draws.to(tl.int32) >= threshold
+            draws = dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N)
+            keep = dropout_survives(draws, threshold)
             pzT = tl.trans(dropout_apply(p.to(do.dtype), draws, threshold))   # dV's 1 / (1 - p): once, at the end
         else:
             sT = mm(k, trans(q, PIECES), DOT_PRECISION, PIECES)
@@ -268,8 +269,8 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             if MASKED:
                 pT = tl.where(_sees(offs_m[None, :], offs_n[:, None], LEFT, RIGHT, WINDOW), pT, 0.0)
             if DROPOUT:   # the forward's Z, transposed: its 8-bit draws cross threads through shared memory
-                drawsT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8))
-                keepT = drawsT.to(tl.int32) >= threshold
+                drawsT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N))
+                keepT = dropout_survives(drawsT, threshold)
                 pzT = dropout_apply(operand(pT, do, PIECES), drawsT, threshold)
             else:
                 pzT = operand(pT, do, PIECES)

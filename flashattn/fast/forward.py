@@ -103,8 +103,7 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_
         l_i = l_i * alpha + tl.sum(p, axis=1)
         p = p.to(v.dtype)
         if DROPOUT:
-            p = dropout_apply(p, dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N).to(tl.uint8),
-                              threshold)
+            p = dropout_apply(p, dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N), threshold)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
