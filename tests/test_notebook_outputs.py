@@ -1,5 +1,5 @@
-"""Committed notebooks: outputs of a real run that show no machine's absolute paths, and the
-Colab setup cell in sync with flashattn/colab.py."""
+"""Committed notebooks: outputs of a real run that show no machine's absolute paths and no
+stale source listings, and the Colab setup cell in sync with flashattn/colab.py."""
 import json
 import re
 from pathlib import Path
@@ -32,6 +32,35 @@ def test_outputs_show_no_absolute_paths(path):
     nb = json.loads(path.read_text())
     found = sorted({m.group(0) for text in _output_texts(nb) for m in ABSOLUTE.finditer(text)})
     assert not found, f"{path.relative_to(ROOT)} shows absolute paths in its outputs: {found[:5]}"
+
+
+#: viz.show_numbered_source's header; the listed lines follow as "  42 | text"
+LISTING = re.compile(r"^# (flashattn/[\w/.]+\.py), lines (\d+)-(\d+)$")
+
+
+def _stale_listings(text):
+    """(file, line) of each listed line that no longer reads as the file does."""
+    lines, stale = text.split("\n"), []
+    for i, line in enumerate(lines):
+        header = LISTING.match(line)
+        if not header:
+            continue
+        source = (ROOT / header.group(1)).read_text().split("\n")
+        for listed in lines[i + 1:i + 2 + int(header.group(3)) - int(header.group(2))]:
+            number, _, code = listed.partition(" | ")
+            if not number.strip().isdigit() or source[int(number) - 1].rstrip() != code.rstrip():
+                stale.append((header.group(1), number.strip()))
+                break
+    return stale
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_source_listings_match_the_package(path):
+    """A lesson that prints a kernel's source (viz.show_numbered_source) shows it as the package
+    has it now: after a kernel changes, the notebook must be run again."""
+    nb = json.loads(path.read_text())
+    stale = [s for text in _output_texts(nb) for s in _stale_listings(text)]
+    assert not stale, f"{path.relative_to(ROOT)}: listings that no longer match (file, line): {stale[:5]}; re-run it"
 
 
 def test_the_pattern_catches_what_it_should():
