@@ -157,15 +157,15 @@ ABLATION_STEPS = [
     ("fast kernels, fixed 64x64 tiles, every tile masked", "fast-masked"),
     ("fast kernels, fixed 64x64 tiles, split loops", "fast-fixed"),
     ("+ autotuned tiles / warps / stages", "fast-pointers"),
-    ("+ Q and dO tiles through the copy engine (TMA, sm 9.0+)", "fast-tma-tiles"),
+    ("+ K, V (forward), Q and dO (dK/dV) tiles through the copy engine (TMA, sm 9.0+)", "fast-tma-tiles"),
     ("+ the LSE and delta vectors through the copy engine too", "fast"),
     ("fused backward (atomic dQ) instead of two kernels", "fused"),
 ]
 
 
 def _with_env(fn, **env):
-    """``fn`` run with these environment variables set (FLASHATTN_TMA=0: the dK/dV kernel's
-    pointer loads; FLASHATTN_TMA_STATS=0: the LSE and delta by pointer loads)."""
+    """``fn`` run with these environment variables set (FLASHATTN_TMA=0: the forward's and the
+    dK/dV kernel's pointer loads; FLASHATTN_TMA_STATS=0: the LSE and delta by pointer loads)."""
     import os
 
     def run():
@@ -210,13 +210,13 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
             with planted.plant(*names):
                 return fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, config=fixed["bwd"])
 
-        return fwd, bwd
+        return _with_env(fwd, FLASHATTN_TMA="0"), _with_env(bwd, FLASHATTN_TMA="0")   # TMA is a later step
     fwd = lambda: fast_fwd.fast_attention_forward(q, k, v, causal, scale)  # noqa: E731
     if step == "fused":
         return fwd, lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, fused=True)
     bwd = lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale)  # noqa: E731
     if step == "fast-pointers":
-        return fwd, _with_env(bwd, FLASHATTN_TMA="0")
+        return _with_env(fwd, FLASHATTN_TMA="0"), _with_env(bwd, FLASHATTN_TMA="0")
     return fwd, (_with_env(bwd, FLASHATTN_TMA_STATS="0") if step == "fast-tma-tiles" else bwd)
 
 

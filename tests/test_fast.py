@@ -266,8 +266,8 @@ def _hopper_with_descriptors() -> bool:
 
 
 def test_tma_loads_only_where_their_rules_hold(monkeypatch):
-    """The dK/dV kernel loads Q and dO through tensor descriptors only on a Hopper-class GPU,
-    for 16-bit data with unit last stride and 16-byte aligned strides and address."""
+    """The kernels load tiles through tensor descriptors (the forward K and V, the dK/dV kernel
+    Q and dO) only on a Hopper-class GPU, for 16-bit data with unit last stride and 16-byte aligned strides and address."""
     from flashattn.fast import tuning
 
     def spec(dtype=torch.float16, stride=None, ptr=0):
@@ -303,9 +303,9 @@ def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch):
 @pytest.mark.parametrize("shape", [(2, 8, 2, 2100, 1777, 128), (1, 4, 4, 2048, 3001, 128)],
                          ids=lambda s: "B{}H{}Hkv{}Sq{}Sk{}D{}".format(*s))
 def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal):
-    """Same tiles, same values loaded (rows past S_q arrive as zeros either way): the backward
-    with TMA loads (D = 128, S_q >= 2048: where they are used) equals the one with pointer
-    loads bit for bit, Q in the [B, S, H, D] layout."""
+    """Same tiles, same values loaded (rows past S_q or S_k arrive as zeros either way): the
+    forward (K and V by TMA at D = 128) and the backward (Q and dO at D = 128, S_q >= 2048)
+    equal the ones with pointer loads bit for bit, Q in the [B, S, H, D] layout."""
     from flashattn.fast.backward import fast_attention_backward
     from flashattn.fast.forward import fast_attention_forward
 
@@ -315,11 +315,13 @@ def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal):
     do = rand(B, H, S_q, D, dtype=torch.float16)
     from flashattn.fast import tuning
 
-    assert tuning.tma_ready(q, do)
+    assert tuning.tma_ready(q, do) and tuning.tma_ready(k, v)
     o, lse = fast_attention_forward(q, k, v, causal, D ** -0.5)
     with_tma = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
     monkeypatch.setenv("FLASHATTN_TMA", "0")
+    o_ptr, lse_ptr = fast_attention_forward(q, k, v, causal, D ** -0.5)
     without = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
+    assert torch.equal(o, o_ptr) and torch.equal(lse, lse_ptr), "forward"
     for name, a, b in zip(("dQ", "dK", "dV"), with_tma, without):
         assert torch.equal(a, b), name
 

@@ -64,10 +64,10 @@ class ArgSpec:
 
 
 def tma_ready(*tensors) -> bool:
-    """Whether the dK/dV kernel may load its Q and dO tiles through the copy engine (TMA, tensor
-    descriptors made on the device): a Hopper or newer GPU, a Triton with tensor descriptors,
-    fp16/bf16 data (what was measured), unit last stride, every other stride and the address
-    16-byte aligned (TMA's rules). ``FLASHATTN_TMA=0`` turns it off (notebook 06's ablation).
+    """Whether tiles of these tensors may come through the copy engine (TMA, tensor descriptors
+    made on the device; the forward's K and V, the dK/dV kernel's Q and dO): a Hopper or newer
+    GPU, a Triton with tensor descriptors, fp16/bf16 data (what was measured), unit last stride,
+    every other stride and the address 16-byte aligned (TMA's rules). ``FLASHATTN_TMA=0`` turns it off (notebook 06's ablation).
     Anything else takes the pointer loads, with the same results."""
     import torch
 
