@@ -240,8 +240,8 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
             H, H // H_kv, S_q, S_k, scale, tuning.bucket(S_q, S_k),
             left, right, float(dropout_p), dropout_threshold(dropout_p), seed)
     # K and V through the copy engine where that measured faster on an H100 (notebook 06): D = 128,
-    # 4-17% off the forward (S = 1k-16k; the most at 16k causal, where 2.59 -> 2.22 ms); at D = 64
-    # the pointer loads were as fast or faster. Packed batches keep the pointer loads (not measured)
+    # up to 17% off the forward (16k causal: 2.59 -> 2.22 ms; 6-8% non-causal; 1k causal: even); at
+    # D = 64 the pointer loads were as fast or faster. Packed batches keep the pointer loads (not measured)
     tma = q.shape[-1] == 128 and not varlen and tuning.tma_ready(k, v)
     if tma and not warmup:
         tuning.ensure_allocator()     # in this (launching) thread: descriptors need a scratch buffer
