@@ -37,7 +37,7 @@ from ..backward import attention_backward_delta
 from . import tuning
 from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_survives, dropout_threshold,
                         sequence_bounds)
-from .forward import load_tile, store_tile, window_tiles
+from .forward import load_rows, load_tile, store_tile, window_tiles
 from .pieces import load3, mm, operand, split_pieces, trans
 from .tuning import LOG2E
 
@@ -232,12 +232,9 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                       stride_piece_q, PAD_D)
             do = load3(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok,
                        stride_piece_q, PAD_D)
-        elif TMA:   # q_base, do_base are tensor descriptors: rows past S_q arrive as zeros
-            q = q_base.load([start_m, 0])
-            do = do_base.load([start_m, 0])
-        else:
-            q = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_d[None, :] * stride_q_d, row_ok, d_ok, True, PAD_D)
-            do = load_tile(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok, True, PAD_D)
+        else:   # TMA: q_base, do_base are tensor descriptors
+            q = load_rows(q_base, start_m, offs_m, stride_q_s, stride_q_d, offs_d, row_ok, d_ok, True, PAD_D, TMA)
+            do = load_rows(do_base, start_m, offs_m, stride_do_s, stride_do_d, offs_d, row_ok, d_ok, True, PAD_D, TMA)
         if BLOCK_D_TAIL > 0:
             q_t = load_tile(q_base + offs_m[:, None] * stride_q_s + offs_t[None, :] * stride_q_d, row_ok, t_ok, True,
                             PAD_T)

@@ -52,6 +52,19 @@ def load_tile(ptrs, rows, d_ok, ROWS_MASKED: tl.constexpr, PAD_D: tl.constexpr):
 
 
 @triton.jit
+def load_rows(base, start, offs, stride_s, stride_d, offs_d, rows, d_ok, ROWS_MASKED: tl.constexpr,
+              PAD_D: tl.constexpr, TMA: tl.constexpr):
+    """Rows ``start ...`` (``offs``) of a ``[S, D]`` tensor as a ``[len(offs), BLOCK_D]`` tile.
+    ``TMA``: ``base`` is a tensor descriptor and the copy engine fetches the tile (rows past the
+    end arrive as zeros); otherwise a pointer load of ``load_tile`` (same values, same bits)."""
+    if TMA:
+        tile = base.load([start, 0])
+    else:
+        tile = load_tile(base + offs[:, None] * stride_s + offs_d[None, :] * stride_d, rows, d_ok, ROWS_MASKED, PAD_D)
+    return tile
+
+
+@triton.jit
 def store_tile(ptrs, value, rows, d_ok, PAD_D: tl.constexpr):
     if PAD_D:
         tl.store(ptrs, value, mask=rows[:, None] & d_ok[None, :])
@@ -87,12 +100,8 @@ def _fwd_tiles(acc, l_i, m_i, q, k_base, v_base, stride_k_s, stride_k_d, stride_
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         keys = offs_n < S_k
-        if TMA:   # k_base, v_base are tensor descriptors: rows past S_k arrive as zeros
-            k = k_base.load([start_n, 0])
-            v = v_base.load([start_n, 0])
-        else:
-            k = load_tile(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :] * stride_k_d, keys, d_ok, MASKED, PAD_D)
-            v = load_tile(v_base + offs_n[:, None] * stride_v_s + offs_d[None, :] * stride_v_d, keys, d_ok, MASKED, PAD_D)
+        k = load_rows(k_base, start_n, offs_n, stride_k_s, stride_k_d, offs_d, keys, d_ok, MASKED, PAD_D, TMA)
+        v = load_rows(v_base, start_n, offs_n, stride_v_s, stride_v_d, offs_d, keys, d_ok, MASKED, PAD_D, TMA)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale     # scores in log2 units
         if MASKED:
             visible = keys[None, :]
