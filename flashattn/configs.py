@@ -34,24 +34,31 @@ class KernelConfig:
     BLOCK_N: int  # key/value rows per tile
     num_warps: int = 4
     num_stages: int = 2
+    #: registers per thread the compiler may use (None: as many as it likes, up to 255). A cap
+    #: of 128 lets two programs of 8 warps share an SM (65536 registers), where the shared
+    #: memory lets them too: while one waits on its loads or stores its tile, the other computes.
+    maxnreg: Optional[int] = None
 
     def launch_options(self) -> dict:
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            options["maxnreg"] = self.maxnreg
+        return options
 
     def to_triton(self):
         import triton
 
         return triton.Config({"BLOCK_M": self.BLOCK_M, "BLOCK_N": self.BLOCK_N},
-                             num_warps=self.num_warps, num_stages=self.num_stages)
+                             num_warps=self.num_warps, num_stages=self.num_stages, maxnreg=self.maxnreg)
 
     @classmethod
     def from_triton(cls, config) -> "KernelConfig":
         return cls(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps,
-                   config.num_stages)
+                   config.num_stages, getattr(config, "maxnreg", None))
 
 
-def _c(m, n, w, s) -> KernelConfig:
-    return KernelConfig(m, n, w, s)
+def _c(m, n, w, s, maxnreg=None) -> KernelConfig:
+    return KernelConfig(m, n, w, s, maxnreg)
 
 
 #: What the interpreter uses: block size barely matters for correctness there, and 32 keeps
@@ -148,10 +155,20 @@ PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
 #: At D=64 the dense dK/dV tile (32 x 128, S^T) does not suit dropout: its draws cross threads
 #: (2026-11-25, same workload at D=64, ms: 32 x 128 / 4 / 3: 1.58 against 0.82 without dropout;
 #: 64 x 64 / 4 / 3, turned round: 0.89; 64 x 64 / 4 / 2: 0.90; 32 x 64 / 4 / 3: 1.54).
+#: "short": the causal forward over at most ``fast.forward.SHORT_CAUSAL_KEYS`` keys (fp16/bf16, none of
+#: lesson 09's features), where each program's loop is 1 to 8 key tiles long and its set-up and
+#: store weigh as much as its work. 128 x 64 tiles in two stages (98 KB) with at most 128 registers a
+#: thread put two programs on each SM, so one computes while the other loads or stores (H100,
+#: 2026-11-25, fp16 B16 H16 S1024 D128, one process, two rounds, ms: 0.235 / 0.234 against 0.257 /
+#: 0.259 for 128 x 128 / 8 / 3 with one program per SM; without the register cap 128 x 64 / 8 / 2 takes
+#: 157 registers, one program per SM, 0.335). Not kept longer: at S = 4096 it was 5% slower (0.663 /
+#: 0.669 against 0.632 / 0.624), at 16384 10% (2.41 against 2.18); not for the non-causal forward at
+#: S = 1024 either (0.341 / 0.339 against 0.332 / 0.344, even).
 PREFERRED_WITH: dict[tuple[str, int, str], KernelConfig] = {
     ("fast_fwd", 128, "varlen"): _c(64, 64, 4, 2), ("fast_dq", 128, "varlen"): _c(64, 32, 4, 3),
     ("fast_dkdv", 128, "varlen"): _c(32, 64, 4, 3), ("fast_dkdv", 128, "window"): _c(64, 128, 8, 2),
     ("fast_dkdv", 64, "dropout"): _c(64, 64, 4, 3),
+    ("fast_fwd", 128, "short"): _c(128, 64, 8, 2, maxnreg=128),
 }
 
 #: The lesson kernels with fp32 inputs: fp32 tiles take twice the memory and tf32x3 products
@@ -256,7 +273,8 @@ def fitting(kernel: str, head_dim: int, elem_bytes: int, limit: int,
             feature: Optional[str] = None, tail: int = 0) -> tuple[KernelConfig, ...]:
     """The candidates for ``kernel`` whose shared-memory estimate is within ``limit`` bytes,
     best first (the smallest candidate if none fits: let the compiler have the last word).
-    ``feature``: "dropout", "varlen" or "window" for lesson 09's variants (``PREFERRED_WITH``).
+    ``feature``: "dropout", "varlen" or "window" for lesson 09's variants, "short" for the short
+    causal forward (``PREFERRED_WITH``).
     ``tail``: the backward's split head dim (``BLOCK_D_TAIL``; 0: padded to a power of two)."""
     block_d, d_class = head_dim_class(head_dim, tail)
     base = FP32_CANDIDATES.get(kernel, CANDIDATES[kernel]) if elem_bytes == 4 else CANDIDATES[kernel]
@@ -288,8 +306,9 @@ def launch(key: tuple, configs: Iterable[KernelConfig], run: Callable[[KernelCon
     """Run ``run(cfg)`` with the first config that compiles within the device's resources.
 
     The estimate above picks the candidates; if Triton still reports OutOfResources (the
-    estimate was optimistic for this compiler), the next, smaller config is tried and the
-    choice is remembered for ``key``.
+    estimate was optimistic for this compiler), or ptxas cannot fit a config's code in the
+    registers it allows (``KernelConfig.maxnreg``), the next config is tried and the choice is
+    remembered for ``key``.
     """
     from triton.runtime.errors import OutOfResources
 
@@ -301,6 +320,11 @@ def launch(key: tuple, configs: Iterable[KernelConfig], run: Callable[[KernelCon
         try:
             run(cfg)
         except OutOfResources as err:
+            last_error = err
+            continue
+        except Exception as err:   # Triton's PTXASError: "Insufficient registers (128) to compile ..."
+            if cfg.maxnreg is None or "Insufficient registers" not in str(err):
+                raise
             last_error = err
             continue
         _chosen[key] = cfg

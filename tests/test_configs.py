@@ -114,8 +114,10 @@ def test_fast_candidates_respect_the_divisibility_the_kernels_need():
 
 
 def test_kernel_config_round_trips_through_triton():
-    cfg = KernelConfig(128, 64, 8, 3)
-    assert KernelConfig.from_triton(cfg.to_triton()) == cfg
+    for cfg in (KernelConfig(128, 64, 8, 3), KernelConfig(128, 64, 8, 2, maxnreg=128)):
+        assert KernelConfig.from_triton(cfg.to_triton()) == cfg
+    assert KernelConfig(128, 64, 8, 2, maxnreg=128).launch_options()["maxnreg"] == 128
+    assert "maxnreg" not in KernelConfig(128, 64, 8, 3).launch_options()   # the compiler's choice
 
 
 def test_launch_steps_down_on_out_of_resources():
@@ -134,6 +136,33 @@ def test_launch_steps_down_on_out_of_resources():
     tried.clear()
     configs.launch(("test-key",), candidates, run)  # remembered: no retries the second time
     assert tried == [KernelConfig(32, 32)]
+
+
+def test_launch_steps_past_a_register_cap_ptxas_cannot_meet():
+    """A config with ``maxnreg`` that ptxas cannot compile within the cap gives way to the next;
+    any other compiler error, or one from a config without a cap, is raised as it came."""
+    class PTXASError(RuntimeError):
+        pass
+
+    capped, plain = KernelConfig(128, 64, 8, 2, maxnreg=128), KernelConfig(64, 64, 4, 3)
+
+    def run(cfg):
+        if cfg.maxnreg:
+            raise PTXASError("ptxas fatal   : (C7602) Insufficient registers (128) to compile instruction")
+
+    assert configs.launch(("test-cap",), [capped, plain], run) == plain
+
+    def broken(cfg):
+        raise PTXASError("ptxas fatal   : Insufficient registers (128) to compile instruction")
+
+    with pytest.raises(PTXASError):
+        configs.launch(("test-cap-2",), [plain], broken)
+
+    def other(cfg):
+        raise PTXASError("ptxas fatal   : Unresolved extern function")
+
+    with pytest.raises(PTXASError):
+        configs.launch(("test-cap-3",), [capped, plain], other)
 
 
 def test_interpreter_uses_small_fixed_tiles():

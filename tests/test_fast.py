@@ -27,7 +27,7 @@ SHAPES = [  # (B, H, H_kv, S_q, S_k, D)
     (1, 2, 1, 45, 38, 200),      # padded to 256: dK and dV by a launch each (DKDV_PART)
 ]
 if ON_GPU:
-    SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 777, 1500, 128), (1, 2, 2, 300, 300, 256),
+    SHAPES += [(2, 8, 2, 1000, 1000, 64), (1, 4, 4, 777, 1500, 128), (2, 4, 2, 1000, 999, 128), (1, 2, 2, 300, 300, 256),
                (2, 4, 2, 1000, 900, 96), (1, 4, 1, 513, 1025, 80), (1, 2, 2, 300, 257, 160),
                (1, 2, 1, 257, 300, 192), (1, 2, 2, 100, 100, 8)]
 
@@ -280,6 +280,29 @@ def test_tma_loads_only_where_their_rules_hold(monkeypatch):
     assert not tuning.tma_ready(spec(torch.float32), spec(torch.float32))
     monkeypatch.setenv("FLASHATTN_TMA", "0")
     assert not tuning.tma_ready(spec(), spec())
+
+
+@pytest.mark.parametrize("S_k, causal, dtype, dropout_p, short", [
+    (1024, True, torch.float16, 0.0, True), (300, True, torch.bfloat16, 0.0, True),
+    (1025, True, torch.float16, 0.0, False), (1024, False, torch.float16, 0.0, False),
+    (1024, True, torch.float32, 0.0, False), (1024, True, torch.float16, 0.1, False)])
+def test_short_causal_forward_takes_its_own_tile(monkeypatch, S_k, causal, dtype, dropout_p, short):
+    """A causal forward over at most SHORT_CAUSAL_KEYS keys, 16-bit, no dropout, asks for the
+    "short" tile (two programs per SM: 128 x 64 tiles, at most 128 registers a thread); a longer
+    one, a non-causal one, fp32 and dropout keep their own."""
+    from flashattn import configs
+    from flashattn.fast import forward, tuning
+
+    asked = {}
+    monkeypatch.setattr(tuning, "run", lambda name, raw, tuned, grid, args, meta, **kw: asked.update(kw))
+    q = tuning.ArgSpec((1, 2, 64, 128), dtype, torch.device("cuda"))
+    k = tuning.ArgSpec((1, 2, S_k, 128), dtype, torch.device("cuda"))
+    forward.fast_attention_forward(q, k, k, causal, 128 ** -0.5, warmup=True, dropout_p=dropout_p)
+    assert asked["tile_class"] == ("short" if short else None)
+    big = 227 * 1024                       # an H100's shared memory per program
+    assert configs.fitting("fast_fwd", 128, 2, big, "short")[0] == configs.KernelConfig(128, 64, 8, 2, maxnreg=128)
+    assert configs.fitting("fast_fwd", 128, 2, big)[0] == configs.PREFERRED[("fast_fwd", 128)]
+    assert configs.fitting("fast_fwd", 64, 2, big, "short")[0] == configs.PREFERRED[("fast_fwd", 64)]
 
 
 def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch):

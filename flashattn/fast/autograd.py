@@ -95,12 +95,12 @@ def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
     with triton.AsyncCompileMode(ThreadPoolExecutor(workers or os.cpu_count() or 4)):
         for dtype in dtypes:
             for D in head_dims:
-                for S in (128, 4096):       # short and long: the dK/dV kernel's TMA variant is for long S
+                # short and long: the dK/dV kernel's TMA variant is for long S, the short causal forward's tile for short
+                for S in (128, 4096):
                     q, k, v, o, do = (ArgSpec((1, 2, S, D), dtype, torch.device("cuda")) for _ in range(5))
                     lse = ArgSpec((1, 2, S), torch.float32, torch.device("cuda"))
-                    for causal in causals:
-                        if S == 128:        # the forward's compile does not depend on S
-                            fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True)
+                    for causal in causals:       # (a short causal forward has a tile of its own)
+                        fast_attention_forward(q, k, v, causal, D ** -0.5, warmup=True)
                         for fused in (False, True):
                             fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5,
                                                     fused=fused, warmup=True)

@@ -302,11 +302,13 @@ def warm(raw, *args, **kwargs):
 
 
 def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig | None = None,
-        warmup: bool = False) -> None:
+        warmup: bool = False, tile_class: str | None = None) -> None:
     """Launch (or with ``warmup`` only compile) fast kernel ``name`` -- ``raw`` the jitted kernel,
     ``tuned`` its autotuner -- with ``config``, else the interpreter's tile, else the autotuner if
     tuning was asked for, else the per-device default (stepping down on OutOfResources).
-    ``grid(meta) -> tuple`` gets the tile as ``{"BLOCK_M": .., "BLOCK_N": ..}``."""
+    ``grid(meta) -> tuple`` gets the tile as ``{"BLOCK_M": .., "BLOCK_N": ..}``. ``tile_class``:
+    a first choice for a shape that ``meta`` does not name (``configs.PREFERRED_WITH``: the
+    forward's "short"); lesson 09's features, which ``meta`` names, take precedence."""
     q = args[0]
 
     def launch(cfg: KernelConfig) -> None:
@@ -326,9 +328,9 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
         else:
             tuned[grid](*args, **meta)
     else:
-        feature = next((f.lower() for f in ("DROPOUT", "VARLEN", "WINDOW") if meta.get(f)), None)
+        feature = next((f.lower() for f in ("DROPOUT", "VARLEN", "WINDOW") if meta.get(f)), tile_class)
         tail = meta.get("BLOCK_D_TAIL", 0)
         candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device, feature=feature, tail=tail)
         key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False),
-               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), tail, meta.get("DOT_PRECISION"))
+               meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), feature, tail, meta.get("DOT_PRECISION"))
         configs.launch(key, candidates, launch)
