@@ -95,7 +95,8 @@ def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
     with triton.AsyncCompileMode(ThreadPoolExecutor(workers or os.cpu_count() or 4)):
         for dtype in dtypes:
             for D in head_dims:
-                # short and long: the dK/dV kernel's TMA variant is for long S, the short causal forward's tile for short
+                # short and long: the dK/dV kernel's TMA variant is for long S, the causal forward's
+                # tile of its own for short S
                 for S in (128, 4096):
                     q, k, v, o, do = (ArgSpec((1, 2, S, D), dtype, torch.device("cuda")) for _ in range(5))
                     lse = ArgSpec((1, 2, S), torch.float32, torch.device("cuda"))
