@@ -232,7 +232,7 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
                       stride_piece_q, PAD_D)
             do = load3(do_base + offs_m[:, None] * stride_do_s + offs_d[None, :] * stride_do_d, row_ok, d_ok,
                        stride_piece_q, PAD_D)
-        else:   # TMA: q_base, do_base are tensor descriptors
+        else:   # by the copy engine (TMA: q_base, do_base are tensor descriptors) or by pointers
             q = load_rows(q_base, start_m, offs_m, stride_q_s, stride_q_d, offs_d, row_ok, d_ok, True, PAD_D, TMA)
             do = load_rows(do_base, start_m, offs_m, stride_do_s, stride_do_d, offs_d, row_ok, d_ok, True, PAD_D, TMA)
         if BLOCK_D_TAIL > 0:

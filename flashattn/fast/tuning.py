@@ -67,8 +67,8 @@ def tma_ready(*tensors) -> bool:
     """Whether tiles of these tensors may come through the copy engine (TMA, tensor descriptors
     made on the device; the forward's K and V, the dK/dV kernel's Q and dO): a Hopper or newer
     GPU, a Triton with tensor descriptors, fp16/bf16 data (what was measured), unit last stride,
-    every other stride and the address 16-byte aligned (TMA's rules). ``FLASHATTN_TMA=0`` turns it off (notebook 06's ablation).
-    Anything else takes the pointer loads, with the same results."""
+    every other stride and the address 16-byte aligned (TMA's rules). ``FLASHATTN_TMA=0`` turns it
+    off (notebook 06's ablation). Anything else takes the pointer loads, with the same results."""
     import torch
 
     if runtime.INTERPRET or not hasattr(tl, "make_tensor_descriptor") or \
