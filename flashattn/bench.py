@@ -5,7 +5,9 @@
     python -m flashattn.bench --dtypes fp16 --head-dims 128 --seqlens 4096 16384
 
 Times are medians of many runs (``triton.testing.do_bench`` on a GPU, which also flushes the
-L2 cache between runs). FLOPs are counted as the course's anchors count them:
+L2 cache between runs), and on a GPU the median again over ``--rounds`` rounds that take the
+providers (or the ablation's steps) in turn: a GPU's clock drifts over seconds (one H100 read
+the same kernel 13% apart within a minute), and in turns every provider meets the same drift. FLOPs are counted as the course's anchors count them:
 forward 4*B*H*S_q*S_k*D, backward 2.5x the forward, causal half of either. Results go to a
 JSON file (device, versions, date, every number) and a PNG plot in runs/ (git ignores it);
 ``--out results`` replaces the committed results.
@@ -89,6 +91,25 @@ def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
     return statistics.median(times)
 
 
+def with_tflops(result: dict, B, H, S, D, causal) -> dict:
+    """``result`` with its TFLOP/s from its ``fwd_ms`` and ``bwd_ms``."""
+    return dict(result, fwd_tflops=attention_flops(B, H, S, S, D, causal, "fwd") / result["fwd_ms"] * 1e-9,
+                bwd_tflops=attention_flops(B, H, S, S, D, causal, "bwd") / result["bwd_ms"] * 1e-9)
+
+
+def median_of_rounds(results: list[dict], B, H, S, D, causal) -> dict:
+    """One result from the same measurement taken in several rounds: the median time of each
+    direction (each round's own times kept beside it), an error if the first round had one."""
+    if "error" in results[0]:
+        return results[0]
+    merged = {name: value for name, value in results[-1].items() if not name.endswith(("_ms", "_tflops"))}
+    for name in ("fwd_ms", "bwd_ms"):
+        merged[name] = statistics.median(r[name] for r in results)
+        if len(results) > 1:
+            merged[name + "_rounds"] = [round(r[name], 4) for r in results]
+    return with_tflops(merged, B, H, S, D, causal)
+
+
 def measure(fn, B, H, S, D, causal, dtype, device, rep_ms=100) -> dict:
     """Forward and backward time (ms), TFLOP/s and peak memory (MiB) of one provider."""
     q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
@@ -120,12 +141,7 @@ def measure(fn, B, H, S, D, causal, dtype, device, rep_ms=100) -> dict:
         del q, k, v, do
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    result.update(
-        fwd_ms=fwd_ms, bwd_ms=bwd_ms,
-        fwd_tflops=attention_flops(B, H, S, S, D, causal, "fwd") / fwd_ms * 1e-9,
-        bwd_tflops=attention_flops(B, H, S, S, D, causal, "bwd") / bwd_ms * 1e-9,
-    )
-    return result
+    return with_tflops(dict(result, fwd_ms=fwd_ms, bwd_ms=bwd_ms), B, H, S, D, causal)
 
 
 # --------------------------------------------------------------------------------------
@@ -221,23 +237,29 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
 
 
 def run_ablation(dtype="fp16", head_dims=(64, 128), seqlen=4096, causals=(False, True),
-                 tokens=16384, hidden=2048, rep_ms=100, progress=True) -> list[dict]:
+                 tokens=16384, hidden=2048, rep_ms=100, progress=True, rounds=1) -> list[dict]:
+    """The ablation's rows; per (D, causal) its steps are timed in turn, ``rounds`` times, and
+    each row holds the median (steps that run the same kernels then read the same)."""
     from tqdm.auto import tqdm
 
     device = runtime.default_device()
     rows = []
-    jobs = [(D, c, step) for D in head_dims for c in causals for step in ABLATION_STEPS]
-    for D, causal, (label, step) in tqdm(jobs, desc="ablation", disable=not progress):
-        if step == "fast-masked" and not causal:
-            continue  # without a causal mask there is (for even lengths) nothing to split
+    groups = [(D, c, [s for s in ABLATION_STEPS if c or s[1] != "fast-masked"])  # non-causal: nothing to split
+              for D in head_dims for c in causals]
+    bar = tqdm(total=sum(len(steps) for *_, steps in groups) * rounds, desc="ablation", disable=not progress)
+    for D, causal, steps in groups:
         B, H = max(1, tokens // seqlen), max(1, hidden // D)
-        q, k, v, do = (torch.randn(B, H, seqlen, D, dtype=DTYPES[dtype], device=device) for _ in range(4))
-        fwd, bwd = _ablation_variant(step, q, k, v, do, causal, D ** -0.5)
-        fwd_ms, bwd_ms = median_ms(fwd, rep_ms), median_ms(bwd, rep_ms)
-        rows.append(dict(step=label, dtype=dtype, B=B, H=H, S=seqlen, D=D, causal=causal,
-                         fwd_ms=fwd_ms, bwd_ms=bwd_ms,
-                         fwd_tflops=attention_flops(B, H, seqlen, seqlen, D, causal, "fwd") / fwd_ms * 1e-9,
-                         bwd_tflops=attention_flops(B, H, seqlen, seqlen, D, causal, "bwd") / bwd_ms * 1e-9))
+        times = {step: [] for _, step in steps}
+        for _ in range(rounds):
+            for _, step in steps:
+                q, k, v, do = (torch.randn(B, H, seqlen, D, dtype=DTYPES[dtype], device=device) for _ in range(4))
+                fwd, bwd = _ablation_variant(step, q, k, v, do, causal, D ** -0.5)
+                times[step].append(dict(fwd_ms=median_ms(fwd, rep_ms), bwd_ms=median_ms(bwd, rep_ms)))
+                bar.update()
+        for label, step in steps:
+            rows.append(dict(step=label, dtype=dtype, B=B, H=H, S=seqlen, D=D, causal=causal,
+                             **median_of_rounds(times[step], B, H, seqlen, D, causal)))
+    bar.close()
     return rows
 
 
@@ -252,7 +274,10 @@ def format_ablation(rows: list[dict]) -> str:
 
 
 def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden, rep_ms=100,
-             progress=True, on_row=None) -> list[dict]:
+             progress=True, on_row=None, rounds=1) -> list[dict]:
+    """One row per (configuration, provider). Per configuration the providers are measured in
+    turn, ``rounds`` times over, and each row holds the median of its rounds (a provider that
+    failed in the first round is not tried again)."""
     from tqdm.auto import tqdm
 
     table = providers()
@@ -261,16 +286,23 @@ def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden
     if missing:
         print(f"(skipping unknown providers: {', '.join(missing)})", file=sys.stderr)
     device = runtime.default_device()
-    jobs = [(dt, D, S, c, p) for dt in dtypes for D in head_dims for S in seqlens for c in causals
-            for p in provider_names]
+    grid = [(dt, D, S, c) for dt in dtypes for D in head_dims for S in seqlens for c in causals]
+    bar = tqdm(total=len(grid) * len(provider_names) * rounds, desc="benchmark", disable=not progress)
     rows = []
-    for dt, D, S, causal, name in tqdm(jobs, desc="benchmark", disable=not progress):
+    for dt, D, S, causal in grid:
         B, H = max(1, tokens // S), max(1, hidden // D)
-        row = dict(provider=name, dtype=dt, B=B, H=H, S=S, D=D, causal=causal)
-        row.update(measure(table[name], B, H, S, D, causal, DTYPES[dt], device, rep_ms))
-        rows.append(row)
+        results = {name: [] for name in provider_names}
+        for _ in range(rounds):
+            for name in provider_names:
+                if not results[name] or "error" not in results[name][0]:
+                    results[name].append(measure(table[name], B, H, S, D, causal, DTYPES[dt], device, rep_ms))
+                bar.update()
+        for name in provider_names:
+            rows.append(dict(provider=name, dtype=dt, B=B, H=H, S=S, D=D, causal=causal,
+                             **median_of_rounds(results[name], B, H, S, D, causal)))
         if on_row is not None:
             on_row(rows)
+    bar.close()
     return rows
 
 
@@ -329,6 +361,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tokens", type=int, default=16384, help="B * S, kept fixed across S")
     ap.add_argument("--hidden", type=int, default=2048, help="H * D, kept fixed across D")
     ap.add_argument("--rep-ms", type=int, default=100, help="time budget per measurement (ms)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="times each configuration's providers (and the ablation's steps) are measured "
+                         "in turn; the median is kept (default: 3 on a GPU, 1 with --quick)")
     ap.add_argument("--out", default="runs", help="folder for the JSON and PNG (default: runs/, which git "
                     "ignores; --out results replaces the committed results)")
     ap.add_argument("--name", default=None, help="file stem (default: bench_<device>)")
@@ -357,6 +392,10 @@ def main(argv: Optional[list[str]] = None) -> int:
               "nothing useful. Run it on a GPU, or use --quick to try the machinery here.",
               file=sys.stderr)
         return 2
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    if args.rounds < 1:
+        ap.error(f"--rounds must be at least 1, got {args.rounds}")
     causals = {"both": [False, True], "yes": [True], "no": [False]}[args.causal]
     env = environment()
     if args.dropin:
@@ -379,10 +418,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                                                       "ablation": ablation}, indent=1))
 
     rows = run_grid(args.dtypes, args.head_dims, args.seqlens, causals, args.providers,
-                    args.tokens, args.hidden, args.rep_ms, on_row=save)
+                    args.tokens, args.hidden, args.rep_ms, on_row=save, rounds=args.rounds)
     if args.ablation:
         ablation = run_ablation(args.dtypes[0], args.head_dims, 4096, causals, args.tokens,
-                                args.hidden, args.rep_ms)
+                                args.hidden, args.rep_ms, rounds=args.rounds)
         save(rows)
     plot(rows, env, out / f"{stem}.png")
     print(format_table(rows))

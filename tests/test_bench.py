@@ -26,3 +26,54 @@ def test_git_ignores_runs():
         if probe.returncode == 128:                     # not a git checkout (an unpacked archive)
             return
         assert probe.returncode == 0, f"{path} should be git-ignored"
+
+
+def test_rounds_take_the_providers_in_turn_and_keep_the_median(monkeypatch):
+    """A GPU's clock drifts over seconds: every provider is measured once per round, in turn,
+    and each row holds the median of its rounds (a provider that failed is not retried)."""
+    calls = []
+    scripted = {"a": iter([5.0, 1.0, 3.0]), "b": iter([2.0, 9.0, 4.0])}
+
+    def fake_measure(fn, B, H, S, D, causal, dtype, device, rep_ms=100):
+        calls.append(fn)
+        if fn == "broken":
+            return {"error": "not supported"}
+        ms = next(scripted[fn])
+        return bench.with_tflops({"fwd_ms": ms, "bwd_ms": 2 * ms, "peak_mib": 1.0}, B, H, S, D, causal)
+
+    monkeypatch.setattr(bench, "providers", lambda: {"a": "a", "b": "b", "broken": "broken"})
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    rows = bench.run_grid(["fp16"], [32], [64], [False], ["a", "b", "broken"], 64, 64, rounds=3, progress=False)
+    assert calls == ["a", "b", "broken", "a", "b", "a", "b"]
+    got = {r["provider"]: r for r in rows}
+    assert (got["a"]["fwd_ms"], got["a"]["bwd_ms"], got["b"]["fwd_ms"]) == (3.0, 6.0, 4.0)
+    assert got["a"]["fwd_ms_rounds"] == [5.0, 1.0, 3.0] and got["b"]["bwd_ms_rounds"] == [4.0, 18.0, 8.0]
+    flops = bench.attention_flops(1, 2, 64, 64, 32, False, "fwd")
+    assert abs(got["a"]["fwd_tflops"] - flops / 3.0 * 1e-9) < 1e-12
+    assert got["broken"]["error"] == "not supported" and "fwd_ms" not in got["broken"]
+
+
+def test_ablation_rounds_take_the_steps_in_turn(monkeypatch):
+    order = []
+
+    def fake_variant(step, *args):
+        return (lambda: order.append(("fwd", step))), (lambda: order.append(("bwd", step)))
+
+    times = iter(range(1, 1000))
+    monkeypatch.setattr(bench, "_ablation_variant", fake_variant)
+    monkeypatch.setattr(bench, "median_ms", lambda fn, rep_ms=100: (fn(), float(next(times)))[1])
+    rows = bench.run_ablation(head_dims=(32,), causals=(False,), tokens=64, hidden=64, seqlen=64, rounds=2,
+                              progress=False)
+    steps = [s for _, s in bench.ABLATION_STEPS if s != "fast-masked"]       # non-causal: no split step
+    assert [s for d, s in order if d == "fwd"] == steps + steps
+    first = rows[0]
+    assert first["fwd_ms_rounds"] == [1.0, 2 * len(steps) + 1.0]             # round 1, then round 2
+    assert first["fwd_ms"] == (1.0 + 2 * len(steps) + 1.0) / 2
+
+
+def test_rounds_must_be_positive(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--rounds", "0"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err

@@ -8,11 +8,12 @@ and is the default for fp32 inputs (``backward="auto"``), at fp32's accuracy on 
 than the atomics (``tuning.fused_by_default``; not under ``torch.use_deterministic_algorithms``).
 
 Why two kernels by default, measured on an H100 (fp16 and bf16, B*S = 16k, H*D = 2048;
-``results/`` and ``notebooks/06_performance.ipynb``): across the benchmark grid the tuned
-two-kernel backward is 5-38% faster at D=64 and 7-29% at D=128, except at D=128, causal,
-S=16k, where the two tie (0.97-1.03x in the grid, 0.99-1.01x when timed alternately).
-Recomputing P and dS in the dQ kernel costs less than the fused kernel's BLOCK_M x D fp32
-atomic adds per tile; and the two-kernel result is bit-reproducible, the atomic one is not.
+``results/`` and ``notebooks/06_performance.ipynb``): across the benchmark grid (2026-11-25)
+the two-kernel backward is 1.10-1.30x the fused one's speed at D=64 and 1.7-2.9x at D=128.
+Not because of the fused kernel's fp32 atomic adds (with dQ stored instead, for timing only, it
+was as slow): one program holding dK, dV and a dQ tile through five matrix products spills
+registers, and recomputing P and dS in a dQ kernel of its own costs less. And the two-kernel
+result is bit-reproducible, the atomic one is not.
 """
 from __future__ import annotations
 
