@@ -7,10 +7,11 @@
 Times are medians of many runs (``triton.testing.do_bench`` on a GPU, which also flushes the
 L2 cache between runs), and on a GPU the median again over ``--rounds`` rounds that take the
 providers (or the ablation's steps) in turn: a GPU's clock drifts over seconds (one H100 read
-the same kernel 13% apart within a minute), and in turns every provider meets the same drift. FLOPs are counted as the course's anchors count them:
-forward 4*B*H*S_q*S_k*D, backward 2.5x the forward, causal half of either. Results go to a
-JSON file (device, versions, date, every number) and a PNG plot in runs/ (git ignores it);
-``--out results`` replaces the committed results.
+the same kernel 13% apart within a minute), and taken in turn every provider meets the same
+drift. FLOPs are counted as the course's anchors count them: forward 4*B*H*S_q*S_k*D, backward
+2.5x the forward, causal half of either. Results go to a JSON file (device, versions, date,
+every number, each round's times) and a PNG plot in runs/ (git ignores it); ``--out results``
+replaces the committed results.
 """
 from __future__ import annotations
 
@@ -363,7 +364,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=100, help="time budget per measurement (ms)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="times each configuration's providers (and the ablation's steps) are measured "
-                         "in turn; the median is kept (default: 3 on a GPU, 1 with --quick)")
+                         "in turn; the median is kept (default: 3 on a GPU, 1 with --quick; "
+                         "--dropin measures once)")
     ap.add_argument("--out", default="runs", help="folder for the JSON and PNG (default: runs/, which git "
                     "ignores; --out results replaces the committed results)")
     ap.add_argument("--name", default=None, help="file stem (default: bench_<device>)")
