@@ -111,6 +111,19 @@ def median_of_rounds(results: list[dict], B, H, S, D, causal) -> dict:
     return with_tflops(merged, B, H, S, D, causal)
 
 
+def in_turn(names, rounds: int, measure_one: Callable[[object], dict], bar) -> dict:
+    """``{name: [its result in each round]}``: every round measures each name once, in turn, so
+    that all of them meet the same drift of the GPU's clock; a name whose first result was an
+    error is not measured again. ``bar`` (tqdm) advances once per name and round."""
+    results = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            if not results[name] or "error" not in results[name][0]:
+                results[name].append(measure_one(name))
+            bar.update()
+    return results
+
+
 def measure(fn, B, H, S, D, causal, dtype, device, rep_ms=100) -> dict:
     """Forward and backward time (ms), TFLOP/s and peak memory (MiB) of one provider."""
     q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
@@ -250,13 +263,13 @@ def run_ablation(dtype="fp16", head_dims=(64, 128), seqlen=4096, causals=(False,
     bar = tqdm(total=sum(len(steps) for *_, steps in groups) * rounds, desc="ablation", disable=not progress)
     for D, causal, steps in groups:
         B, H = max(1, tokens // seqlen), max(1, hidden // D)
-        times = {step: [] for _, step in steps}
-        for _ in range(rounds):
-            for _, step in steps:
-                q, k, v, do = (torch.randn(B, H, seqlen, D, dtype=DTYPES[dtype], device=device) for _ in range(4))
-                fwd, bwd = _ablation_variant(step, q, k, v, do, causal, D ** -0.5)
-                times[step].append(dict(fwd_ms=median_ms(fwd, rep_ms), bwd_ms=median_ms(bwd, rep_ms)))
-                bar.update()
+
+        def time_step(step):
+            q, k, v, do = (torch.randn(B, H, seqlen, D, dtype=DTYPES[dtype], device=device) for _ in range(4))
+            fwd, bwd = _ablation_variant(step, q, k, v, do, causal, D ** -0.5)
+            return dict(fwd_ms=median_ms(fwd, rep_ms), bwd_ms=median_ms(bwd, rep_ms))
+
+        times = in_turn([step for _, step in steps], rounds, time_step, bar)
         for label, step in steps:
             rows.append(dict(step=label, dtype=dtype, B=B, H=H, S=seqlen, D=D, causal=causal,
                              **median_of_rounds(times[step], B, H, seqlen, D, causal)))
@@ -292,12 +305,8 @@ def run_grid(dtypes, head_dims, seqlens, causals, provider_names, tokens, hidden
     rows = []
     for dt, D, S, causal in grid:
         B, H = max(1, tokens // S), max(1, hidden // D)
-        results = {name: [] for name in provider_names}
-        for _ in range(rounds):
-            for name in provider_names:
-                if not results[name] or "error" not in results[name][0]:
-                    results[name].append(measure(table[name], B, H, S, D, causal, DTYPES[dt], device, rep_ms))
-                bar.update()
+        results = in_turn(provider_names, rounds, lambda name: measure(table[name], B, H, S, D, causal,
+                                                                      DTYPES[dt], device, rep_ms), bar)
         for name in provider_names:
             rows.append(dict(provider=name, dtype=dt, B=B, H=H, S=S, D=D, causal=causal,
                              **median_of_rounds(results[name], B, H, S, D, causal)))
