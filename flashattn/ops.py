@@ -129,7 +129,13 @@ def traced(*tensors) -> bool:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
               impl: str) -> torch.Tensor:
-    """O of attention (differentiable): through the operators when traced or compiled."""
+    """O of attention (differentiable): through the operators when traced or compiled. An eager
+    call that no gradient will flow through (inference, ``torch.no_grad``) runs the forward
+    kernel alone: no autograd node, no backward prepared (each costs host time per call)."""
     if traced(q, k, v):
         return attention_forward_op(q, k, v, causal, scale, impl)[0]
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        if impl == "fast":
+            return fast_attention_forward(q, k, v, causal, scale)[0]
+        return attention_forward(q, k, v, causal, scale)[0]
     return EagerAttention.apply(q, k, v, causal, scale, impl)

@@ -234,7 +234,7 @@ def fast_dot_precision(dtype: torch.dtype) -> str:
 def head_dim_block(head_dim: int) -> int:
     """Head dims are padded to a power of two (at least 16, the smallest ``tl.dot``) and the
     padding is masked in every load and store."""
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, 1 << (head_dim - 1).bit_length())    # next power of two (bit arithmetic: on the launch path)
 
 
 # --------------------------------------------------------------------------------------

@@ -77,6 +77,8 @@ def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float
     if backward == "fused" and torch.are_deterministic_algorithms_enabled():
         raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
                            "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return fast_attention_forward(q, k, v, causal, scale)[0]    # no gradient wanted: no autograd node
     return FastFlashAttentionFunction.apply(q, k, v, causal, scale, backward)
 
 
@@ -121,11 +123,16 @@ def wait_prepared(q, k, causal: bool) -> None:
     """Wait for the background compiles of the backward for inputs like these, if any are still
     running: compiling the same kernel again in this thread would only compete with them for
     the CPU. (A compile that failed there is left to fail here, with its error.)"""
-    for future in _prepared.get(_prepare_key(q, k, causal), ()):
+    key = _prepare_key(q, k, causal)
+    futures = _prepared.get(key)
+    if not futures:
+        return
+    for future in futures:
         try:
             future.result()
         except Exception:   # noqa: BLE001 -- the real launch raises it again, where it belongs
             pass
+    _prepared[key] = ()     # done: later backwards need not ask the futures again (a lock each)
 
 
 def _triton_key() -> None:

@@ -33,12 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-from ..backward import attention_backward_delta
+from .. import configs, runtime
+from ..backward import attention_backward_delta, attn_bwd_delta_kernel
 from . import tuning
 from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_survives, dropout_threshold,
                         sequence_bounds)
 from .forward import load_rows, load_tile, store_tile, window_tiles
 from .pieces import load3, mm, operand, split_pieces, trans
+from .launch import DirectLaunch
 from .tuning import LOG2E
 
 
@@ -453,6 +455,27 @@ _TUNED = {name: tuning.autotuned(fast_dkdv_kernel, name, reset_to_zero=["DQ_ACC"
           for name in ("dkdv", "fused", "dk", "dv", "pieces")}   # one autotuner per launch: DKDV_PART is not in its key
 
 
+_delta_plans: dict = {}     # (head dim, dtype, device) -> (tile, DirectLaunch)
+
+
+def backward_delta(o, do):
+    """delta = rowsum(dO * O): the lesson's kernel (``backward.attention_backward_delta``), launched
+    directly once its tile is known (``launch.DirectLaunch``: a few microseconds, not tens)."""
+    if runtime.INTERPRET:
+        return attention_backward_delta(o, do)
+    runtime.validate_grad_output(do, o)
+    B, H, S_q, D = o.shape
+    plan = _delta_plans.get((D, o.dtype, o.device))
+    if plan is None:
+        cfg = configs.candidates("delta", D, o.dtype, o.device)[0]
+        kwargs = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_D=runtime.head_dim_block(D), **cfg.launch_options())
+        plan = _delta_plans[(D, o.dtype, o.device)] = (cfg, DirectLaunch(attn_bwd_delta_kernel, kwargs))
+    cfg, direct = plan
+    delta = runtime.new_output((B, H, S_q), runtime.stats_dtype(o.dtype), o.device)
+    direct((triton.cdiv(S_q, cfg.BLOCK_M), B * H), (o, do, delta, *o.stride(), *do.stride(), *delta.stride(), H, S_q, D))
+    return delta
+
+
 def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                             needs_dq: bool = True, needs_dkdv: bool = True, *, fused: bool | None = None,
                             config=None, warmup: bool = False,
@@ -478,7 +501,7 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     fused = fused and needs_dq and needs_dkdv
     pieces = fused and tuning.fp32_pieces(q, plain)
     new, strides = tuning.outputs_and_strides(layout, warmup)
-    delta = tuning.ArgSpec(lse.shape, lse.dtype, lse.device) if warmup else attention_backward_delta(o, do)
+    delta = tuning.ArgSpec(lse.shape, lse.dtype, lse.device) if warmup else backward_delta(o, do)
     S_BUCKET = tuning.bucket(S_q, S_k)
     q_in, k_in, v_in, do_in, stride_piece_q, stride_piece_kv = q, k, v, do, 0, 0
     if pieces:   # fp32: Q, dO and K, V split once into bf16 planes, which the kernel loads (pieces.py)

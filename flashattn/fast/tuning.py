@@ -15,6 +15,7 @@ on disk by Triton (``cache_results=True``), so a second process does not re-tune
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import triton
@@ -22,6 +23,7 @@ import triton.language as tl
 
 from .. import configs, runtime
 from ..configs import KernelConfig
+from .launch import DirectLaunch
 
 #: exp(x) = exp2(x * LOG2E): the fast kernels work in base 2 (exp2 is the GPU's native unit)
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -75,7 +77,7 @@ def tma_ready(*tensors) -> bool:
             os.environ.get("FLASHATTN_TMA", "").strip() == "0":
         return False
     device = tensors[0].device
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+    if device.type != "cuda" or _major(device.index if device.index is not None else torch.cuda.current_device()) < 9:
         return False
     for t in tensors:
         size = t.element_size()
@@ -83,6 +85,14 @@ def tma_ready(*tensors) -> bool:
                 any(s * size % 16 for s in t.stride()[:-1]):
             return False
     return True
+
+
+@functools.lru_cache(maxsize=None)
+def _major(index: int) -> int:
+    """The GPU's major compute capability, asked once per device (a query costs ~3 us per launch)."""
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def tma_stats_ready(lse) -> bool:
@@ -133,8 +143,9 @@ def outputs_and_strides(layout, warmup: bool):
 
 
 def bucket(S_q: int, S_k: int) -> int:
-    """One integer naming the (S_q, S_k) bucket: next powers of two, packed."""
-    return triton.next_power_of_2(S_q) * (1 << 24) + triton.next_power_of_2(S_k)
+    """One integer naming the (S_q, S_k) bucket: next powers of two, packed (bit arithmetic:
+    ``triton.next_power_of_2`` costs a microsecond a call on the launch path)."""
+    return (1 << (S_q - 1).bit_length() << 24) + (1 << (S_k - 1).bit_length())   # next powers of two, packed
 
 
 def _prune(name: str):
@@ -301,6 +312,11 @@ def warm(raw, *args, **kwargs):
     return compiled
 
 
+#: (kernel name, tile class, dtype, device, shared memory, meta's values) -> (tile, DirectLaunch): what a
+#: default launch chose, so that the next call of the same kind goes straight to the kernel
+_plans: dict = {}
+
+
 def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig | None = None,
         warmup: bool = False, tile_class: str | None = None) -> None:
     """Launch (or with ``warmup`` only compile) fast kernel ``name`` -- ``raw`` the jitted kernel,
@@ -308,15 +324,28 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
     tuning was asked for, else the per-device default (stepping down on OutOfResources).
     ``grid(meta) -> tuple`` gets the tile as ``{"BLOCK_M": .., "BLOCK_N": ..}``. ``tile_class``:
     a first choice for a shape that ``meta`` does not name (``configs.PREFERRED_WITH``: the
-    forward's "short"); lesson 09's features, which ``meta`` names, take precedence."""
+    forward's "short"); lesson 09's features, which ``meta`` names, take precedence.
+    A default launch is remembered (``_plans``): the next call with the same kernel variant skips
+    the choice and launches directly (``launch.DirectLaunch``)."""
     q = args[0]
+    default = config is None and not warmup and not runtime.INTERPRET and not (tuned is not None and autotune_requested())
+    if default:
+        # (the shared-memory limit too: FLASHATTN_MAX_SHARED_MEMORY changes which tiles fit)
+        plan_key = (name, tile_class, q.dtype, q.device, configs.device_shared_memory(q.device), *meta.values())
+        plan = _plans.get(plan_key)
+        if plan is not None:
+            cfg, direct = plan
+            direct(grid({"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N}), args)
+            return
+
+    def kwargs_of(cfg: KernelConfig) -> dict:
+        return dict(meta, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, **cfg.launch_options())
 
     def launch(cfg: KernelConfig) -> None:
-        kwargs = dict(meta, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, **cfg.launch_options())
         if warmup:
-            warm(raw, *args, grid=(1,), **kwargs)
+            warm(raw, *args, grid=(1,), **kwargs_of(cfg))
         else:
-            raw[grid({"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N})](*args, **kwargs)
+            raw[grid({"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N})](*args, **kwargs_of(cfg))
 
     if config is not None or runtime.INTERPRET:
         cfg = config or configs.INTERPRETER_FAST_CONFIGS[KERNELS[name]]
@@ -333,4 +362,6 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
         candidates = configs.candidates(KERNELS[name], meta["HEAD_DIM"], q.dtype, q.device, feature=feature, tail=tail)
         key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False),
                meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), feature, tail, meta.get("DOT_PRECISION"))
-        configs.launch(key, candidates, launch)
+        cfg = configs.launch(key, candidates, launch)
+        if default:
+            _plans[plan_key] = (cfg, DirectLaunch(raw, kwargs_of(cfg)))
