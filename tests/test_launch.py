@@ -170,6 +170,8 @@ def test_second_call_of_a_kind_goes_straight_to_the_launcher(direct_on):
     assert call[:7] == (5, 2, 1, 1234, "function", "metadata", None)
     assert call[7] is knobs.runtime.launch_enter_hook and call[8] is knobs.runtime.launch_exit_hook
     assert call[9:] == (b, a, 48, 9, 32, False)
+    direct((5, 2), (b, a, 48, 9))
+    assert kernel.log[-1][0] == "direct"
     direct((5, 2), (b, a, 64, 9))                 # a specialised int changed: Triton decides again
     assert kernel.log[-1][0] == "plain" and kernel.log[-1][3] == dict(BLOCK=32, num_warps=4)
 
@@ -197,6 +199,13 @@ def test_a_launcher_that_refuses_turns_the_direct_path_off(direct_on):
         warnings.simplefilter("error")
         direct((1,), args)                        # and every later one, without a word
     assert [entry[0] for entry in kernel.log] == ["plain"] * 3
+
+
+def test_a_float_argument_is_not_part_of_the_kind():
+    direct = launch.DirectLaunch(FakeKernel(), {})
+    a = torch.zeros(4)
+    assert direct.kind((a, a, 16, 0.5), 0) == direct.kind((a, a, 16, 0.25), 0)     # Triton: fp32 either way
+    assert direct.kind((a, a, 16, 1), 0) != direct.kind((a, a, 16, 1.0), 0)         # an int is another type
 
 
 def test_kinds_kept_are_bounded(direct_on, monkeypatch):

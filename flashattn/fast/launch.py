@@ -12,9 +12,11 @@ A training loop calls the same kernel with arguments of the same kinds over and 
 :class:`DirectLaunch` does Triton's work the first time it meets a kind of arguments, keeps the
 compiled kernel, and from then on calls its launcher itself, as PyTorch's inductor does for the
 kernels it generates. The kind (:meth:`DirectLaunch.kind`) holds everything Triton specialises
-on: every specialised argument's value, the 32/64-bit class of the ``do_not_specialize`` ones,
-each tensor's dtype and alignment, and the current device. Two calls of one kind compile to the
-same kernel, so the direct call runs exactly what ``kernel[grid]`` would have.
+on: every specialised int's value, the 32/64-bit class of the ``do_not_specialize`` ones, the
+floats' type (Triton passes any float as fp32), each tensor's dtype and alignment, and the
+current device. Two calls of one kind compile to the
+same kernel, so the direct call runs exactly what ``kernel[grid]`` would have. (Settings Triton
+reads when it compiles, such as ``TRITON_DEBUG``, are those of a kind's first launch.)
 
 The plain launch is kept where the direct one does not apply: Triton's interpreter, a launch hook
 (a profiler such as proton reads the launch's metadata), a pre-run hook, ``FLASHATTN_DIRECT_LAUNCH=0``
@@ -90,17 +92,18 @@ class DirectLaunch:
     def _positions(self, args) -> None:
         params = self.raw.params
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        scalars = [i for i in range(len(args)) if i not in tensors]
-        loose = [i for i in scalars if params[i].do_not_specialize]
-        exact = [i for i in scalars if not params[i].do_not_specialize]
-        self._pick = (_picker(tensors), _picker(exact), _picker(loose))
+        floats = [i for i, a in enumerate(args) if isinstance(a, float)]    # never specialised: their type only
+        ints = [i for i in range(len(args)) if i not in tensors and i not in floats]
+        loose = [i for i in ints if params[i].do_not_specialize]
+        exact = [i for i in ints if not params[i].do_not_specialize]
+        self._pick = (_picker(tensors), _picker(exact), _picker(loose), _picker(floats))
 
     def kind(self, args, device: int) -> tuple:
         """What Triton specialises these arguments on, as a dict key."""
         if self._pick is None:
             self._positions(args)
-        tensors, exact, loose = self._pick
-        return (device, exact(args), tuple(map(int_class, loose(args))),
+        tensors, exact, loose, floats = self._pick
+        return (device, exact(args), tuple(map(int_class, loose(args))), tuple(map(type, floats(args))),
                 tuple([(t.dtype, not t.data_ptr() & 15) for t in tensors(args)]))
 
     def __call__(self, grid: tuple, args: tuple) -> None:
