@@ -6,7 +6,7 @@ by 16, or wider than 32 bits), turns that into a cache key, looks the compiled k
 the globals it read, and only then calls the kernel's launcher. For the forward's 35 arguments
 that bookkeeping is about two thirds of the 35 us a launch costs on an H100's host (triton 3.6),
 and a forward + backward launches four kernels: at S = 1k the host took longer to launch the
-forward than the GPU took to run it (notebook 06, "the host-bound forward").
+forward than the GPU took to run it (notebook 06, section 4).
 
 A training loop calls the same kernel with arguments of the same kinds over and over.
 :class:`DirectLaunch` does Triton's work the first time it meets a kind of arguments, keeps the
@@ -50,10 +50,6 @@ def set_direct(enabled: bool) -> None:
     _direct = bool(enabled)
 
 
-def direct_enabled() -> bool:
-    return _direct and not runtime.INTERPRET
-
-
 def _picker(positions):
     """``args -> tuple(args[i] for i in positions)``, done in C by ``operator.itemgetter``."""
     if not positions:
@@ -87,7 +83,7 @@ class DirectLaunch:
     def __init__(self, raw, kwargs: dict):
         self.raw, self.kwargs = raw, dict(kwargs)
         self.compiled: dict = {}      # kind -> (launcher, function, packed metadata, constexpr values)
-        self._pick = None             # (tensors, specialised, unspecialised) pickers, set at the first call
+        self._pick = None             # (tensors, specialised ints, unspecialised ints, floats) pickers: first call
 
     def _positions(self, args) -> None:
         params = self.raw.params
