@@ -27,24 +27,31 @@ from torch.library import custom_op
 from . import runtime
 from .backward import attention_backward
 from .fast import fast_attention_backward, fast_attention_forward
-from .fast.autograd import contiguous_do, prepare_backward, wait_prepared
+from .fast.autograd import contiguous_do, prepare_backward, wait_prepared, wants_gradient
 from .forward import attention_forward
 
 IMPLS = ("fast", "teaching")
 
 
+def run_forward(q, k, v, causal: bool, scale: float, impl: str, prepare: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, LSE) by the ``impl`` kernels; ``prepare``: a backward will follow (fast: its kernels
+    are compiled in the background)."""
+    if impl == "fast":
+        o, lse = fast_attention_forward(q, k, v, causal, scale)
+        if prepare:
+            # The backward's kernels compile (and load) in background threads, once per kind of
+            # input, while the caller computes its loss. Started before the forward's compile they
+            # would overlap it more, but with a warm disk cache the threads' loads then slowed the
+            # forward's own at random (a first call of 0.6-2.7 s against 0.55-0.64 s; H100).
+            prepare_backward(q, k, v, o, lse, causal, scale)
+        return o, lse
+    return attention_forward(q, k, v, causal, scale)
+
+
 def forward_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                     scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE) of attention; inputs validated and in a dtype the kernels take (``flashattn.api``)."""
-    if impl == "fast":
-        o, lse = fast_attention_forward(q, k, v, causal, scale)
-        # The backward's kernels compile (and load) in background threads, once per kind of
-        # input, while the caller computes its loss. Started before the forward's compile they
-        # would overlap it more, but with a warm disk cache the threads' loads then slowed the
-        # forward's own at random (a first call of 0.6-2.7 s against 0.55-0.64 s; H100).
-        prepare_backward(q, k, v, o, lse, causal, scale)
-        return o, lse
-    return attention_forward(q, k, v, causal, scale)
+    return run_forward(q, k, v, causal, scale, impl, prepare=True)
 
 
 attention_forward_op = custom_op("flashattn::attention_forward", forward_kernels, mutates_args=())
@@ -134,8 +141,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
     kernel alone: no autograd node, no backward prepared (each costs host time per call)."""
     if traced(q, k, v):
         return attention_forward_op(q, k, v, causal, scale, impl)[0]
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        if impl == "fast":
-            return fast_attention_forward(q, k, v, causal, scale)[0]
-        return attention_forward(q, k, v, causal, scale)[0]
+    if not wants_gradient(q, k, v):
+        return run_forward(q, k, v, causal, scale, impl, prepare=False)[0]
     return EagerAttention.apply(q, k, v, causal, scale, impl)

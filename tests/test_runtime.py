@@ -81,3 +81,12 @@ def test_bf16_fallback_runs_in_fp32_with_a_warning():
         return
     with pytest.warns(flashattn.BF16FallbackWarning):
         assert runtime.compute_dtype(torch.bfloat16, flashattn.default_device()) == torch.float32
+
+
+def test_next_power_of_2_is_tritons():
+    """The launch path's bit arithmetic (bucket, padded head dims, the backward's tail) gives
+    Triton's answer."""
+    import triton
+
+    ns = list(range(1, 300)) + [1023, 1024, 1025, 2 ** 20 - 1, 2 ** 20, 2 ** 20 + 1]
+    assert [runtime.next_power_of_2(n) for n in ns] == [triton.next_power_of_2(n) for n in ns]

@@ -106,7 +106,7 @@ class Case:
 
 def padded_head_dim(D: int) -> bool:
     """Whether a kernel pads head dim D (to a power of two, at least 16): the head-dim mask matters."""
-    return D < max(16, 1 << (D - 1).bit_length())
+    return D < runtime.head_dim_block(D)
 
 
 def _c(name, B, H, S_q, S_k, D, causal, **kw) -> Case:

@@ -62,6 +62,13 @@ class FastFlashAttentionFunction(torch.autograd.Function):
                 None, None, None)
 
 
+def wants_gradient(q, k, v) -> bool:
+    """Will a gradient flow through attention of these inputs? Not under ``torch.no_grad`` /
+    inference mode, nor when none of them requires one: then the forward kernel runs alone,
+    without the autograd node and the backward's preparation (host time on every call)."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
                          backward: str = "auto") -> torch.Tensor:
     """The tuned kernels only (raises ValueError where they do not apply). ``backward``: "auto"
@@ -77,8 +84,8 @@ def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float
     if backward == "fused" and torch.are_deterministic_algorithms_enabled():
         raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
                            "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
-    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-        return fast_attention_forward(q, k, v, causal, scale)[0]    # no gradient wanted: no autograd node
+    if not wants_gradient(q, k, v):
+        return fast_attention_forward(q, k, v, causal, scale)[0]    # no autograd node
     return FastFlashAttentionFunction.apply(q, k, v, causal, scale, backward)
 
 

@@ -143,9 +143,8 @@ def outputs_and_strides(layout, warmup: bool):
 
 
 def bucket(S_q: int, S_k: int) -> int:
-    """One integer naming the (S_q, S_k) bucket: next powers of two, packed (bit arithmetic:
-    ``triton.next_power_of_2`` costs a microsecond a call on the launch path)."""
-    return (1 << (S_q - 1).bit_length() << 24) + (1 << (S_k - 1).bit_length())   # next powers of two, packed
+    """One integer naming the (S_q, S_k) bucket: next powers of two, packed."""
+    return runtime.next_power_of_2(S_q) * (1 << 24) + runtime.next_power_of_2(S_k)
 
 
 def _prune(name: str):
@@ -216,7 +215,7 @@ def head_dim_tail(head_dim: int) -> int:
     where ``FLASHATTN_SPLIT_D=0`` (read at each call)."""
     if not 128 < head_dim <= 192 or os.environ.get(SPLIT_D_ENV, "").strip() == "0":
         return 0
-    return max(16, triton.next_power_of_2(head_dim - 128))
+    return max(16, runtime.next_power_of_2(head_dim - 128))
 
 
 #: Environment variable: ``FLASHATTN_SPLIT_DKDV=0`` keeps dK and dV in one launch at every head dim.
@@ -328,8 +327,13 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
     A default launch is remembered (``_plans``): the next call with the same kernel variant skips
     the choice and launches directly (``launch.DirectLaunch``)."""
     q = args[0]
-    default = config is None and not warmup and not runtime.INTERPRET and not (tuned is not None and autotune_requested())
-    if default:
+    if config is not None or runtime.INTERPRET:
+        mode = "fixed"
+    elif tuned is not None and autotune_requested():
+        mode = "tuned"
+    else:
+        mode = "default"
+    if mode == "default" and not warmup:
         # (the shared-memory limit too: FLASHATTN_MAX_SHARED_MEMORY changes which tiles fit)
         plan_key = (name, tile_class, q.dtype, q.device, configs.device_shared_memory(q.device), *meta.values())
         plan = _plans.get(plan_key)
@@ -347,11 +351,11 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
         else:
             raw[grid({"BLOCK_M": cfg.BLOCK_M, "BLOCK_N": cfg.BLOCK_N})](*args, **kwargs_of(cfg))
 
-    if config is not None or runtime.INTERPRET:
+    if mode == "fixed":
         cfg = config or configs.INTERPRETER_FAST_CONFIGS[KERNELS[name]]
         _check_divisibility(name, cfg)
         launch(cfg)
-    elif tuned is not None and autotune_requested():
+    elif mode == "tuned":
         if warmup:   # an autotuner's warmup compiles each candidate that survives pruning
             tuned.warmup(*args, grid=(1,), **meta)
         else:
@@ -363,5 +367,5 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
         key = (name, meta["HEAD_DIM"], q.dtype, q.device, meta.get("FUSED_DQ", False),
                meta.get("WINDOW"), meta.get("VARLEN"), meta.get("DROPOUT"), feature, tail, meta.get("DOT_PRECISION"))
         cfg = configs.launch(key, candidates, launch)
-        if default:
+        if not warmup:
             _plans[plan_key] = (cfg, DirectLaunch(raw, kwargs_of(cfg)))
