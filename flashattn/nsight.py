@@ -5,6 +5,12 @@ default tiles), for Nsight Compute.
     python -m flashattn.nsight time OUTDIR       # no profiler: do_bench medians -> OUTDIR/meta.json
     python -m flashattn.nsight prof S CAUSAL     # warm up, then one launch of each kernel between
                                                  # cudaProfilerStart and cudaProfilerStop
+    python -m flashattn.nsight sweep DTYPE MANIFEST [D ...]
+        # every configuration of the benchmark's grid (S 1k/4k/16k, causal or not; D 64 and 128
+        # unless named), each in a profiled range of its own: flashattn-fast's forward and
+        # backward, then cuDNN's, called exactly as `python -m flashattn.bench` calls them.
+        # MANIFEST (JSON) lists the configurations in order, with the device and versions;
+        # `python -m flashattn.gap read` pairs it with ncu's CSV (results/cudnn_gap_h100.md).
 
 Profile it with the profiler's clocks left alone, from the profiled range only, e.g.
 
@@ -121,11 +127,64 @@ def main_time(out_dir):
     print(json.dumps({k: v for k, v in res.items() if k != "do_bench"}))
 
 
+#: The benchmark's grid (``python -m flashattn.bench``'s defaults): B*S and H*D are fixed.
+SWEEP_SEQLENS, SWEEP_HEAD_DIMS, SWEEP_TOKENS, SWEEP_HIDDEN = (1024, 4096, 16384), (64, 128), 16384, 2048
+
+
+def main_sweep(dtype_name, manifest_path, head_dims=SWEEP_HEAD_DIMS):
+    """One profiled range per configuration. In each: the fast forward with no gradient (as the
+    benchmark times it), the fast backward (``autograd.grad`` of a forward taken before the range),
+    then the same two for cuDNN. So in ncu's list of kernels each configuration starts at its
+    ``fast_fwd_kernel``, the fast backward's kernels follow, and cuDNN's forward is the first
+    kernel after them: ``flashattn.gap.group_kernels`` relies on exactly this order."""
+    from .bench import DTYPES, providers
+
+    dtype = DTYPES[dtype_name]
+    table = providers()
+    seconds = precompile([dtype], list(head_dims), [False, True])
+    dev = torch.device("cuda")
+    manifest = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "dtype": dtype_name, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                "triton": triton.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
+                "sms": torch.cuda.get_device_properties(0).multi_processor_count,
+                "precompile_s": round(seconds, 1), "order": ["flashattn-fast", "sdpa-cudnn"], "configs": []}
+    for D in head_dims:
+        for S in SWEEP_SEQLENS:
+            for causal in (False, True):
+                B, H = SWEEP_TOKENS // S, SWEEP_HIDDEN // D
+                g = torch.Generator(device="cuda").manual_seed(S + D)
+                q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=dev, generator=g).requires_grad_()
+                           for _ in range(3))
+                do = torch.randn(B, H, S, D, dtype=dtype, device=dev, generator=g)
+                outs = {}
+                for name in manifest["order"]:
+                    fn = table[name]
+                    for _ in range(3):   # compile or load, cuDNN's plan, the allocator's growth
+                        torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
+                    outs[name] = fn(q, k, v, causal)
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
+                for name in manifest["order"]:
+                    with torch.no_grad():
+                        table[name](q, k, v, causal)
+                    torch.autograd.grad(outs[name], (q, k, v), do, retain_graph=True)
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
+                manifest["configs"].append(dict(D=D, S=S, causal=causal, B=B, H=H))
+                print(f"profiled D={D} S={S} causal={causal}", flush=True)
+                del q, k, v, do, outs
+                torch.cuda.empty_cache()
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3 or sys.argv[1] not in ("time", "prof"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("time", "prof", "sweep"):
         sys.exit(__doc__)
     if sys.argv[1] == "time":
         main_time(sys.argv[2])
+    elif sys.argv[1] == "sweep":
+        main_sweep(sys.argv[2], sys.argv[3], tuple(int(d) for d in sys.argv[4:]) or SWEEP_HEAD_DIMS)
     else:
         S, causal = int(sys.argv[2]), sys.argv[3] == "1"
         main_prof(S, causal, fwd_only=len(sys.argv) > 4 and sys.argv[4] == "fwd")
