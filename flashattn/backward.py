@@ -56,22 +56,28 @@ def attn_bwd_delta_kernel(
     tl.store(delta_base + offs_m * stride_delta_s, delta, mask=offs_m < S_q)
 
 
+def delta_launch(o: torch.Tensor, do: torch.Tensor, cfg: KernelConfig):
+    """One launch of ``attn_bwd_delta_kernel``: the delta it fills, its grid and its arguments
+    (shared with the fast path, which launches the same kernel directly); ``delta_meta`` gives the
+    compile-time ones."""
+    B, H, S_q, D = o.shape
+    delta = runtime.new_output((B, H, S_q), runtime.stats_dtype(o.dtype), o.device)
+    grid = (triton.cdiv(S_q, cfg.BLOCK_M), B * H)
+    return delta, grid, (o, do, delta, *o.stride(), *do.stride(), *delta.stride(), H, S_q, D)
+
+
+def delta_meta(cfg: KernelConfig, head_dim: int) -> dict:
+    return dict(BLOCK_M=cfg.BLOCK_M, BLOCK_D=runtime.head_dim_block(head_dim), **cfg.launch_options())
+
+
 def attention_backward_delta(o: torch.Tensor, do: torch.Tensor, *,
                              config: Optional[KernelConfig] = None) -> torch.Tensor:
     """delta = rowsum(dO * O), ``[B, H, S_q]`` in fp32 (fp64 for fp64 inputs).
     dO may have any strides (even 0)."""
     runtime.validate_grad_output(do, o)
-    B, H, S_q, D = o.shape
-    delta = runtime.new_output((B, H, S_q), runtime.stats_dtype(o.dtype), o.device)
-    cfg = configs.candidates("delta", D, o.dtype, o.device, config)[0]
-    grid = (triton.cdiv(S_q, cfg.BLOCK_M), B * H)
-    attn_bwd_delta_kernel[grid](
-        o, do, delta,
-        *o.stride(), *do.stride(), *delta.stride(),
-        H, S_q, D,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_D=runtime.head_dim_block(D),
-        **cfg.launch_options(),
-    )
+    cfg = configs.candidates("delta", o.shape[-1], o.dtype, o.device, config)[0]
+    delta, grid, args = delta_launch(o, do, cfg)
+    attn_bwd_delta_kernel[grid](*args, **delta_meta(cfg, o.shape[-1]))
     return delta
 
 

@@ -3,6 +3,7 @@
     python -m flashattn.bench                       # the course's grid on a GPU
     python -m flashattn.bench --quick               # a tiny grid (also runs on the CPU)
     python -m flashattn.bench --dtypes fp16 --head-dims 128 --seqlens 4096 16384
+    python -m flashattn.bench --host                # the CPU's time per call (flashattn/bench_host.py)
 
 Times are medians of many runs (``triton.testing.do_bench`` on a GPU, which also flushes the
 L2 cache between runs), and on a GPU the median again over ``--rounds`` rounds that take the
@@ -385,6 +386,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--dropin", action="store_true",
                     help="instead of the grid: what SDPA users meet (head dims 80-256, GQA, S_q != S_k, "
                          "fp32, autocast, first-call time), flashattn next to SDPA's backends")
+    ap.add_argument("--host", action="store_true",
+                    help="instead of the grid: the CPU's time per call at a tiny shape (B1 H2 S128 D128, "
+                         "causal), where the GPU waits on the host; flashattn with and without its direct "
+                         "launch next to SDPA's cuDNN and flash backends, taken in turn call by call")
     ap.add_argument("--groups", nargs="+", default=None,
                     help="with --dropin: only the groups starting with these words (e.g. fp32 autocast), "
                          "and no first-call times")
@@ -398,7 +403,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.providers = [p for p in args.providers if p in ("flashattn", "flashattn-fast", "sdpa-flash", "naive")]
         if runtime.INTERPRET:  # the fast path is for GPUs (fp16/bf16 tensor cores)
             args.providers = [p for p in args.providers if p != "flashattn-fast"]
-    elif runtime.INTERPRET:
+    elif runtime.INTERPRET and not (args.dropin or args.host):   # those two say why themselves
         print("No GPU: the full benchmark would take hours in Triton's interpreter and measure "
               "nothing useful. Run it on a GPU, or use --quick to try the machinery here.",
               file=sys.stderr)
@@ -411,6 +416,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = environment()
     if args.dropin:
         return _main_dropin(args, env, argv)
+    if args.host:
+        return _main_host(args, env, argv)
     env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"benchmarking on {env['where']}")
     if not args.no_precompile and any(p.startswith("flashattn-") for p in args.providers):
@@ -463,6 +470,23 @@ def _main_dropin(args, env, argv) -> int:
     rows = bench_dropin.run(args.rep_ms, on_row=save, groups=args.groups)
     save(rows)
     print(bench_dropin.format_table(rows, first))
+    print(f"\nwrote {out / (stem + '.json')}")
+    return 0
+
+
+def _main_host(args, env, argv) -> int:
+    from . import bench_host
+
+    if runtime.INTERPRET:
+        print("No GPU: --host measures how long the CPU takes to launch GPU kernels.", file=sys.stderr)
+        return 2
+    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = args.name or "host_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
+    rows = bench_host.run()
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
+    print(bench_host.format_table(rows))
     print(f"\nwrote {out / (stem + '.json')}")
     return 0
 

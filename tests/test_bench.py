@@ -2,6 +2,8 @@
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from flashattn import bench
 
 from conftest import ON_GPU
@@ -77,3 +79,28 @@ def test_rounds_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--rounds", "0"])
     assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_host_mode_takes_the_providers_in_turn_and_summarises():
+    from flashattn import bench_host
+
+    order, synced = [], []
+    fns = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    switched = []
+    times = bench_host.in_turn(fns, bench_host.SYNC_EVERY + 5, sync=lambda: synced.append(len(order)),
+                               before=switched.append)
+    assert order[:6] == ["a", "b", "c", "a", "b", "c"]          # call by call, not provider by provider
+    assert switched == order                                     # the switch runs before each call
+    assert {len(v) for v in times.values()} == {bench_host.SYNC_EVERY + 5}
+    assert synced == [3 * bench_host.SYNC_EVERY, 3 * (bench_host.SYNC_EVERY + 5)]
+    s = bench_host.summary([float(x) for x in range(1, 101)])
+    assert s["median_us"] == 50.5 and s["p10_us"] < s["median_us"] and s["calls"] == 100
+    table = bench_host.format_table([dict(call="fwd", provider="flashattn", median_us=134.0, p10_us=82.0),
+                                     dict(call="check", provider="flashattn", triton_run_calls_in_100_steps=0)])
+    assert "134.0" in table and "in 100 warm fwd+bwd steps of flashattn: 0" in table
+
+
+@pytest.mark.skipif(ON_GPU, reason="the refusal is the interpreter's")
+def test_host_mode_refuses_without_a_gpu(capsys):
+    assert bench.main(["--host"]) == 2
+    assert "--host measures how long the CPU takes" in capsys.readouterr().err

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .. import configs, runtime
-from ..backward import attention_backward_delta, attn_bwd_delta_kernel
+from ..backward import attention_backward_delta, attn_bwd_delta_kernel, delta_launch, delta_meta
 from . import tuning
 from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_survives, dropout_threshold,
                         sequence_bounds)
@@ -464,15 +464,14 @@ def backward_delta(o, do):
     if runtime.INTERPRET:
         return attention_backward_delta(o, do)
     runtime.validate_grad_output(do, o)
-    B, H, S_q, D = o.shape
-    plan = _delta_plans.get((D, o.dtype, o.device))
+    key = (o.shape[-1], o.dtype, o.device)
+    plan = _delta_plans.get(key)
     if plan is None:
-        cfg = configs.candidates("delta", D, o.dtype, o.device)[0]
-        kwargs = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_D=runtime.head_dim_block(D), **cfg.launch_options())
-        plan = _delta_plans[(D, o.dtype, o.device)] = (cfg, DirectLaunch(attn_bwd_delta_kernel, kwargs))
+        cfg = configs.candidates("delta", o.shape[-1], o.dtype, o.device)[0]
+        plan = _delta_plans[key] = (cfg, DirectLaunch(attn_bwd_delta_kernel, delta_meta(cfg, o.shape[-1])))
     cfg, direct = plan
-    delta = runtime.new_output((B, H, S_q), runtime.stats_dtype(o.dtype), o.device)
-    direct((triton.cdiv(S_q, cfg.BLOCK_M), B * H), (o, do, delta, *o.stride(), *do.stride(), *delta.stride(), H, S_q, D))
+    delta, grid, args = delta_launch(o, do, cfg)
+    direct(grid, args)
     return delta
 
 

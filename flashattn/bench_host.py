@@ -1,0 +1,131 @@
+"""The host's share of a call: how long the CPU spends in one attention call when the GPU is not
+the bottleneck. Part of ``python -m flashattn.bench --host``.
+
+At short sequences a call's Python, argument binding and launches can take longer than the
+kernels themselves, and then the GPU waits on the CPU (notebook 06, section 4; the README's "Host
+time per call"). Here the shape is tiny (B1 H2 S128 D128 fp16 causal by default), so the GPU
+always keeps up and the wall time of a call, taken without waiting for the GPU, is the host's.
+
+Every call of every provider is timed, and the providers take turns call by call, so that all of
+them meet the same noise of a shared host (on the H100's host the same loop varied up to 2x
+between passes). The GPU is synchronised every ``SYNC_EVERY`` turns, outside the timings, so that
+its queue cannot grow. Reported: the median and the 10th percentile (the quiet host) per provider,
+for a forward without gradients and for a forward with ``torch.autograd.grad`` of it.
+
+``flashattn`` is what ``flash_attention`` runs on a GPU; ``flashattn-plain`` the same with the
+direct launch turned off (``flashattn.fast.launch.set_direct(False)``, what
+``FLASHATTN_DIRECT_LAUNCH=0`` does), each launch going through ``kernel[grid](...)``.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+SHAPE = dict(B=1, H=2, S=128, D=128)
+SYNC_EVERY = 200
+PROVIDERS = ("flashattn", "flashattn-plain", "sdpa-cudnn", "sdpa-flash")
+
+
+def in_turn(fns: dict[str, Callable[[], object]], calls: int, sync: Callable[[], None] = lambda: None,
+            before: Callable[[str], None] = lambda name: None) -> dict[str, list[float]]:
+    """``{name: [microseconds of each call]}``: ``calls`` turns, each calling every function once
+    in order; ``before(name)`` runs untimed ahead of each call, ``sync()`` every ``SYNC_EVERY`` turns."""
+    times = {name: [] for name in fns}
+    clock = time.perf_counter
+    for turn in range(calls):
+        for name, fn in fns.items():
+            before(name)
+            t0 = clock()
+            fn()
+            times[name].append((clock() - t0) * 1e6)
+        if turn % SYNC_EVERY == SYNC_EVERY - 1:
+            sync()
+    sync()
+    return times
+
+
+def summary(micros: list[float]) -> dict:
+    return dict(median_us=round(statistics.median(micros), 1),
+                p10_us=round(statistics.quantiles(micros, n=10)[0], 1), calls=len(micros))
+
+
+def _calls(provider: str, q, k, v, do, causal: bool) -> tuple[Callable, Callable]:
+    """(forward without gradients, forward and backward) of one provider."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .api import flash_attention
+
+    if provider.startswith("flashattn"):
+        attend = lambda: flash_attention(q, k, v, causal=causal)            # noqa: E731
+    else:
+        backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}[provider]
+
+        def attend():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    def forward():
+        with torch.no_grad():
+            return attend()
+
+    return forward, lambda: torch.autograd.grad(attend(), (q, k, v), do)
+
+
+def run(shape: dict = SHAPE, causal: bool = True, calls: dict | None = None, warmup: int = 30) -> list[dict]:
+    """One row per (call, provider): the host's microseconds per call, and for ``flashattn`` how
+    often Triton's own launcher ran in 100 warm steps (0 when every launch went direct)."""
+    from triton.runtime.jit import JITFunction
+
+    from .fast import launch
+
+    calls = calls or {"fwd": 4000, "fwd+bwd": 2000}
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(shape["B"], shape["H"], shape["S"], shape["D"], device=device, dtype=torch.float16,
+                           requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    passes = {p: _calls(p, q, k, v, do, causal) for p in PROVIDERS}
+    try:
+        for forward, step in passes.values():
+            for _ in range(warmup):
+                forward()
+                step()
+        torch.cuda.synchronize()
+        run_calls = [0]
+        plain_run = JITFunction.run
+
+        def counted(self, *args, **kwargs):
+            run_calls[0] += 1
+            return plain_run(self, *args, **kwargs)
+
+        JITFunction.run = counted
+        try:
+            for _ in range(100):
+                passes["flashattn"][1]()
+        finally:
+            JITFunction.run = plain_run
+        rows = []
+        for index, name in enumerate(("fwd", "fwd+bwd")):
+            fns = {p: passes[p][index] for p in PROVIDERS}
+            times = in_turn(fns, calls[name], torch.cuda.synchronize,
+                            before=lambda p: launch.set_direct(p != "flashattn-plain"))
+            for p in PROVIDERS:
+                rows.append(dict(call=name, provider=p, **shape, causal=causal, dtype="fp16", **summary(times[p])))
+        rows.append(dict(call="check", provider="flashattn", triton_run_calls_in_100_steps=run_calls[0]))
+        return rows
+    finally:
+        launch.set_direct(True)
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'call':<9}{'provider':<17}{'median us':>11}{'p10 us':>9}"]
+    for r in rows:
+        if r["call"] == "check":
+            lines.append(f"Triton's JITFunction.run in 100 warm fwd+bwd steps of flashattn: "
+                         f"{r['triton_run_calls_in_100_steps']} (0: every launch went direct)")
+        else:
+            lines.append(f"{r['call']:<9}{r['provider']:<17}{r['median_us']:>11.1f}{r['p10_us']:>9.1f}")
+    return "\n".join(lines)
