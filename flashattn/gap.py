@@ -383,6 +383,9 @@ def read_profile(pairs, ncu_version: str | None = None) -> dict:
         manifest = json.loads(Path(manifest_path).read_text())
         configs += group_kernels(read_ncu_csv(csv_path), manifest)
         profile.update({k: v for k, v in manifest.items() if k != "configs"})
+    if not any(flops(k, profile["dtype"]) for c in configs for k in c["kernels"]):
+        raise ValueError(f"no tensor FLOPs counted for {profile['dtype']}: METRICS reads the fp16 counter "
+                         f"(ncu has no bf16 twin on sm 9.0), so sweep in fp16")
     if ncu_version:
         profile["ncu"] = ncu_version
     profile["commands"] = RECIPE

@@ -5,7 +5,7 @@ default tiles), for Nsight Compute.
     python -m flashattn.nsight time OUTDIR       # no profiler: do_bench medians -> OUTDIR/meta.json
     python -m flashattn.nsight prof S CAUSAL     # warm up, then one launch of each kernel between
                                                  # cudaProfilerStart and cudaProfilerStop
-    python -m flashattn.nsight sweep DTYPE MANIFEST [D ...]
+    python -m flashattn.nsight sweep fp16 MANIFEST [D ...]
         # every configuration of the benchmark's grid (S 1k/4k/16k, causal or not; D 64 and 128
         # unless named), each in a profiled range of its own: flashattn-fast's forward and
         # backward, then cuDNN's, called exactly as `python -m flashattn.bench` calls them.

@@ -113,3 +113,11 @@ def test_profile_covers_every_benchmark_configuration():
         for direction in ("fwd", "bwd"):
             cmp = gap.compare(c, profile["dtype"], direction)
             assert cmp["ours_ms"] > 0 and cmp["cudnn_ms"] > 0 and cmp["gemm"]
+
+
+def test_a_sweep_without_its_flop_counter_is_refused(tmp_path):
+    rows = [kernel_row(i, k["Kernel Name"], duration_ns=1000.0) for i, k in enumerate(config_kernels(0))]
+    (tmp_path / "raw.csv").write_text(ncu_csv(rows))
+    (tmp_path / "m.json").write_text(json.dumps({"dtype": "bf16", "configs": [dict(D=64, S=1024, causal=False)]}))
+    with pytest.raises(ValueError, match="no tensor FLOPs counted for bf16"):
+        gap.read_profile([(tmp_path / "raw.csv", tmp_path / "m.json")])
