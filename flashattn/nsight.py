@@ -148,14 +148,14 @@ def main_sweep(dtype_name, manifest_path, head_dims=SWEEP_HEAD_DIMS):
                 "triton": triton.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
                 "sms": torch.cuda.get_device_properties(0).multi_processor_count,
                 "precompile_s": round(seconds, 1), "order": ["flashattn-fast", "sdpa-cudnn"], "configs": []}
-    for D in head_dims:
+    for head_dim in head_dims:
         for S in SWEEP_SEQLENS:
             for causal in (False, True):
-                B, H = SWEEP_TOKENS // S, SWEEP_HIDDEN // D
-                g = torch.Generator(device="cuda").manual_seed(S + D)
-                q, k, v = (torch.randn(B, H, S, D, dtype=dtype, device=dev, generator=g).requires_grad_()
-                           for _ in range(3))
-                do = torch.randn(B, H, S, D, dtype=dtype, device=dev, generator=g)
+                batch, heads = SWEEP_TOKENS // S, SWEEP_HIDDEN // head_dim
+                shape = (batch, heads, S, head_dim)
+                g = torch.Generator(device="cuda").manual_seed(S + head_dim)
+                q, k, v = (torch.randn(shape, dtype=dtype, device=dev, generator=g).requires_grad_() for _ in range(3))
+                do = torch.randn(shape, dtype=dtype, device=dev, generator=g)
                 outs = {}
                 for name in manifest["order"]:
                     fn = table[name]
@@ -170,8 +170,8 @@ def main_sweep(dtype_name, manifest_path, head_dims=SWEEP_HEAD_DIMS):
                     torch.autograd.grad(outs[name], (q, k, v), do, retain_graph=True)
                 torch.cuda.synchronize()
                 torch.cuda.cudart().cudaProfilerStop()
-                manifest["configs"].append(dict(D=D, S=S, causal=causal, B=B, H=H))
-                print(f"profiled D={D} S={S} causal={causal}", flush=True)
+                manifest["configs"].append(dict(D=head_dim, S=S, causal=causal, B=batch, H=heads))
+                print(f"profiled D={head_dim} S={S} causal={causal}", flush=True)
                 del q, k, v, do, outs
                 torch.cuda.empty_cache()
     with open(manifest_path, "w") as f:

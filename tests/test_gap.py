@@ -34,7 +34,7 @@ def ncu_csv(rows) -> str:
 def config_kernels(start, ours_extra=()):
     names = ["fast_fwd_kernel", "attn_bwd_delta_kernel", "fast_dq_kernel", "fast_dkdv_kernel", *ours_extra,
              "cudnn_generated_sm90_flash_fprop", "cudnn_dot_do_o", "cudnn_sm90_flash_bprop", "cudnn_convert_dq"]
-    return [kernel_row(start + i, n, duration_ns=1000 * (i + 1), tensor_flops_fp16=1e9 * (i % 3))
+    return [kernel_row(start + i, n, duration_ns=1000 * (i + 1), tensor_flops=1e9 * (i % 3))
             for i, n in enumerate(names)]
 
 
@@ -64,34 +64,67 @@ def test_metric_list_keeps_only_what_ncu_knows():
     assert len(gap.metric_list()) == sum(not n.startswith("launch__") for n in gap.METRICS.values())
 
 
-def test_limiter_names_a_unit_only_past_its_bound():
-    base = dict(dram_pct=10.0, tensor_pipe_pct=55.0, issue_active_pct=30.0, warps_active_pct=12.5,
-                stall_wait=1.4, stall_barrier=2.3, stall_selected=9.0, stall_long_scoreboard=0.2)
-    verdict = gap.limiter(base)
-    assert verdict.startswith("latency: 2.0 warps/scheduler")
-    assert "barrier 2.3, wait 1.4" in verdict          # largest first, "selected" is not a stall
-    assert "spills" not in verdict
-    assert "spills" in gap.limiter(dict(base, local_load_sectors=5.0))
-    assert gap.limiter(dict(base, dram_pct=85.0)).startswith("memory bandwidth")
-    assert gap.limiter(dict(base, tensor_pipe_pct=90.0)).startswith("tensor pipe")
-    assert gap.limiter(dict(base, issue_active_pct=75.0)).startswith("instruction issue")
+def test_verdict_names_a_unit_only_past_its_bound():
+    base = dict(dram_pct=10.0, tensor_pipe_pct=55.0, issue_active_pct=30.0, warps_active_per_scheduler=2.0,
+                warps_eligible_per_scheduler=0.45, stall_wait=1.4, stall_barrier=2.3, stall_selected=9.0,
+                stall_long_scoreboard=0.2)
+    kind, detail = gap.verdict(base)
+    assert kind == "no unit saturated"
+    assert "0.45 of 2.0 warps ready" in detail
+    assert "stalls barrier 2.3, wait 1.4" in detail          # largest first; "selected" is not a stall
+    assert gap.verdict(dict(base, dram_pct=85.0))[0] == "memory bandwidth"
+    assert gap.verdict(dict(base, tensor_pipe_pct=90.0))[0] == "tensor pipe"
+    assert gap.verdict(dict(base, issue_active_pct=75.0))[0] == "instruction issue"
+    missing = {k: v for k, v in base.items() if k != "warps_eligible_per_scheduler"}
+    assert gap.verdict(missing) == ("not measured", "ncu did not collect warps_eligible_per_scheduler")
+
+
+def test_a_stray_kernel_inside_a_configuration_is_an_error():
+    rows = config_kernels(0)
+    rows.insert(2, kernel_row(99, "vectorized_elementwise_kernel", duration_ns=10.0))   # inside our backward
+    kernels = [dict(name=r["Kernel Name"]) for r in rows]
+    with pytest.raises(ValueError, match="cuDNN's fprop"):
+        gap.group_kernels(kernels, {"configs": [dict(D=64, S=1024, causal=False)]})
+
+
+def kernel(name, part, ms, tflops=0.0, clock=1.7e9, issue=30.0):
+    return dict(name=name, part=part, duration_ns=ms * 1e6, tensor_flops=tflops * 1e12, sm_clock_hz=clock,
+                issue_active_pct=issue)
 
 
 def test_compare_splits_time_into_flops_and_rate():
     config = {"kernels": [
-        dict(name="fast_dq_kernel", part="ours bwd", duration_ns=3e6, tensor_flops_fp16=6e12),
-        dict(name="fast_dkdv_kernel", part="ours bwd", duration_ns=5e6, tensor_flops_fp16=8e12),
-        dict(name="attn_bwd_delta_kernel", part="ours bwd", duration_ns=0.1e6),
-        dict(name="cudnn_bprop", part="cudnn bwd", duration_ns=6e6, tensor_flops_fp16=10e12),
-        dict(name="cudnn_convert", part="cudnn bwd", duration_ns=0.2e6),
+        kernel("fast_dq_kernel", "ours bwd", 3, 6, issue=30),
+        kernel("fast_dkdv_kernel", "ours bwd", 5, 8, issue=30),
+        kernel("attn_bwd_delta_kernel", "ours bwd", 0.1),
+        kernel("cudnn_sm90_bprop", "cudnn bwd", 6, 10, clock=1.6e9, issue=40),
+        kernel("cudnn::convert_dq", "cudnn bwd", 0.2),
     ]}
-    cmp = gap.compare(config, "fp16", "bwd")
+    cmp = gap.compare(config, "bwd")
     assert cmp["flop_ratio"] == pytest.approx(1.4)
-    time_ratio = cmp["ours_ms"] / cmp["cudnn_ms"]
-    assert time_ratio == pytest.approx(cmp["flop_ratio"] / cmp["rate_ratio"])
-    assert [k["name"] for k in cmp["gemm"]] == ["fast_dq_kernel", "fast_dkdv_kernel"]
-    assert cmp["cudnn_main"]["name"] == "cudnn_bprop"
-    assert "1.40x cuDNN's tensor FLOPs (the dQ kernel" in gap.why(cmp, "bwd")
+    assert cmp["rate_ratio"] == pytest.approx((14 / 8) / (10 / 6))            # matrix kernels only
+    assert 8 / 6 == pytest.approx(cmp["flop_ratio"] / cmp["rate_ratio"])    # their time ratio
+    assert cmp["vs_cudnn"] == pytest.approx(6.2 / 8.1)                        # every kernel of the pass
+    assert cmp["other_ms"] == pytest.approx((0.1, 0.2))
+    assert cmp["clock_ratio"] == pytest.approx(1.7 / 1.6)
+    assert cmp["issued_ratio"] == pytest.approx((0.3 * 8 * 1.7) / (0.4 * 6 * 1.6))
+    assert [k["name"] for k in cmp["ours_matrix"]] == ["fast_dkdv_kernel", "fast_dq_kernel"]
+    assert cmp["cudnn_matrix"][0]["name"] == "cudnn_sm90_bprop"
+
+
+def test_bench_rows_round_as_printed_and_skip_errors(tmp_path):
+    env = {"device": "GPU", "torch": "t", "triton": "x", "date": "2026-11-25"}
+    base = dict(D=64, S=1024, causal=False)
+    for dtype in ("fp16", "bf16"):
+        results = [dict(base, provider="flashattn-fast", fwd_ms=1.0, bwd_ms=1.0),
+                   dict(base, provider="sdpa-cudnn", fwd_ms=0.89996, bwd_ms=0.5),
+                   dict(base, provider="sdpa-flash", fwd_ms=1.3, bwd_ms=1.3),
+                   dict(base, S=4096, provider="flashattn-fast", fwd_ms=1.0, bwd_ms=1.0),
+                   dict(base, S=4096, provider="sdpa-cudnn", error="not supported")]
+        (tmp_path / f"bench_{dtype}.json").write_text(json.dumps({"environment": env, "results": results}))
+    rows = gap.bench_rows(tmp_path)
+    assert {(r["S"], r["direction"]) for r in rows} == {(1024, "fwd"), (1024, "bwd")}   # S=4096: cuDNN failed
+    assert rows[0]["vs_cudnn"] == 0.9              # 0.89996 counts as the 0.90 a reader sees
 
 
 def test_cut_needed():
@@ -111,13 +144,15 @@ def test_profile_covers_every_benchmark_configuration():
     assert {(c["D"], c["S"], c["causal"]) for c in profile["configs"]} == bench
     for c in profile["configs"]:
         for direction in ("fwd", "bwd"):
-            cmp = gap.compare(c, profile["dtype"], direction)
-            assert cmp["ours_ms"] > 0 and cmp["cudnn_ms"] > 0 and cmp["gemm"]
+            cmp = gap.compare(c, direction)
+            assert cmp["ours_ms"] > 0 and cmp["cudnn_ms"] > 0 and cmp["ours_matrix"] and cmp["cudnn_matrix"]
+            for k in cmp["ours_matrix"] + cmp["cudnn_matrix"]:
+                assert gap.verdict(k)[0] != "not measured", k["name"]
 
 
 def test_a_sweep_without_its_flop_counter_is_refused(tmp_path):
     rows = [kernel_row(i, k["Kernel Name"], duration_ns=1000.0) for i, k in enumerate(config_kernels(0))]
     (tmp_path / "raw.csv").write_text(ncu_csv(rows))
     (tmp_path / "m.json").write_text(json.dumps({"dtype": "bf16", "configs": [dict(D=64, S=1024, causal=False)]}))
-    with pytest.raises(ValueError, match="no tensor FLOPs counted for bf16"):
+    with pytest.raises(ValueError, match="no tensor FLOPs counted in this bf16 sweep"):
         gap.read_profile([(tmp_path / "raw.csv", tmp_path / "m.json")])
