@@ -418,7 +418,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _main_dropin(args, env, argv)
     if args.host:
         return _main_host(args, env, argv)
-    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    out, stem = _output(args, env, argv, "bench_")
     print(f"benchmarking on {env['where']}")
     if not args.no_precompile and any(p.startswith("flashattn-") for p in args.providers):
         from .fast import precompile
@@ -426,9 +426,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         spent = precompile([DTYPES[d] for d in args.dtypes], args.head_dims, causals)
         env["precompile_s"] = round(spent, 1)
         print(f"compiled the fast kernels' variants in {spent:.0f} s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or "bench_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
     ablation: list = []
 
     def save(rows):  # after every measurement, so an interrupted run still leaves its numbers
@@ -449,16 +446,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
+def _output(args, env, argv, prefix: str) -> tuple[Path, str]:
+    """Records the command line in ``env``, makes the output folder and returns it with the file
+    stem: ``--name``, or ``prefix`` and the device's name."""
+    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out, args.name or prefix + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
+
+
 def _main_dropin(args, env, argv) -> int:
     from . import bench_dropin
 
     if runtime.INTERPRET:
         print("No GPU: --dropin times GPU kernels and compiles in fresh processes.", file=sys.stderr)
         return 2
-    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or "bench_dropin_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
+    out, stem = _output(args, env, argv, "bench_dropin_")
     first: list = []
 
     def save(rows):
@@ -480,10 +483,7 @@ def _main_host(args, env, argv) -> int:
     if runtime.INTERPRET:
         print("No GPU: --host measures how long the CPU takes to launch GPU kernels.", file=sys.stderr)
         return 2
-    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = args.name or "host_" + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
+    out, stem = _output(args, env, argv, "host_")
     rows = bench_host.run()
     (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
     print(bench_host.format_table(rows))
