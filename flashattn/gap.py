@@ -348,13 +348,12 @@ def reading(rows: list[dict], profile: dict) -> list[str]:
                 f"the FLOPs alone would put them at {_span([1 / c['flop_ratio'] for c in bwd])}x. The small "
                 f"kernels take {_span([c['other_ms'][0] for c in bwd])} ms of ours against "
                 f"{_span([c['other_ms'][1] for c in bwd])} ms of cuDNN's.")
-    ours_all = [k for c in profile["configs"] for d in ("fwd", "bwd") for k in compare(c, d)["ours_matrix"]]
-    cudnn_all = [k for c in profile["configs"] for d in ("fwd", "bwd") for k in compare(c, d)["cudnn_matrix"]]
+    passes = [(c["D"], compare(c, d)) for c in profile["configs"] for d in ("fwd", "bwd")]
+    ours_all = [k for _, cmp in passes for k in cmp["ours_matrix"]]
+    cudnn_all = [k for _, cmp in passes for k in cmp["cudnn_matrix"]]
     kinds = sorted({verdict(k)[0] for k in ours_all + cudnn_all})
-    waits = ("barrier", "wait")
-    odd = sorted({(c["D"], short_name(k["name"]), top_stalls(k, 1)[0][0].replace("_", " "))
-                  for c in profile["configs"] for d in ("fwd", "bwd") for k in compare(c, d)["ours_matrix"]
-                  if top_stalls(k, 1)[0][0] not in waits})
+    largest = [(D, short_name(k["name"]), top_stalls(k, 1)[0][0]) for D, cmp in passes for k in cmp["ours_matrix"]]
+    odd = sorted({(D, name, why.replace("_", " ")) for D, name, why in largest if why not in ("barrier", "wait")})
     except_odd = ("" if not odd else " except " + ", ".join(f"the D = {D} {name} (largest: {why})" for D, name, why in odd)
                   + (", whose ready warps most often wait for an issue slot another warp took, as they would in "
                      "a kernel that issues more instructions than cuDNN's for the same work (above)"
