@@ -12,9 +12,9 @@ between passes). The GPU is synchronised every ``SYNC_EVERY`` turns, outside the
 its queue cannot grow. Reported: the median and the 10th percentile (the quiet host) per provider,
 for a forward without gradients and for a forward with ``torch.autograd.grad`` of it.
 
-``flashattn`` is what ``flash_attention`` runs on a GPU; ``flashattn-plain`` the same with the
-direct launch turned off (``flashattn.fast.launch.set_direct(False)``, what
-``FLASHATTN_DIRECT_LAUNCH=0`` does), each launch going through ``kernel[grid](...)``.
+``flashattn`` is what ``flash_attention`` runs on a GPU (the benchmark's ``flashattn-fast``);
+``flashattn-plain`` the same with the direct launch turned off (``flashattn.fast.launch.set_direct(False)``,
+what ``FLASHATTN_DIRECT_LAUNCH=0`` does), each launch going through ``kernel[grid](...)``.
 """
 from __future__ import annotations
 
@@ -23,11 +23,14 @@ import time
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 SHAPE = dict(B=1, H=2, S=128, D=128)
 SYNC_EVERY = 200
-PROVIDERS = ("flashattn", "flashattn-plain", "sdpa-cudnn", "sdpa-flash")
+#: Which of the benchmark's providers (``bench.providers``) each row calls: the direct-launch switch
+#: is what tells the two flashattn rows apart.
+BENCH_PROVIDER = {"flashattn": "flashattn-fast", "flashattn-plain": "flashattn-fast",
+                  "sdpa-cudnn": "sdpa-cudnn", "sdpa-flash": "sdpa-flash"}
+PROVIDERS = tuple(BENCH_PROVIDER)
 
 
 def in_turn(fns: dict[str, Callable[[], object]], calls: int, sync: Callable[[], None] = lambda: None,
@@ -55,24 +58,15 @@ def summary(micros: list[float]) -> dict:
 
 def _calls(provider: str, q, k, v, do, causal: bool) -> tuple[Callable, Callable]:
     """(forward without gradients, forward and backward) of one provider."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from .bench import providers
 
-    from .api import flash_attention
-
-    if provider.startswith("flashattn"):
-        attend = lambda: flash_attention(q, k, v, causal=causal)            # noqa: E731
-    else:
-        backend = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}[provider]
-
-        def attend():
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    attend = providers()[BENCH_PROVIDER[provider]]
 
     def forward():
         with torch.no_grad():
-            return attend()
+            return attend(q, k, v, causal)
 
-    return forward, lambda: torch.autograd.grad(attend(), (q, k, v), do)
+    return forward, lambda: torch.autograd.grad(attend(q, k, v, causal), (q, k, v), do)
 
 
 def run(shape: dict = SHAPE, causal: bool = True, calls: dict | None = None, warmup: int = 30) -> list[dict]:
