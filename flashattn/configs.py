@@ -155,6 +155,15 @@ PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
 #: At D=64 the dense dK/dV tile (32 x 128, S^T) does not suit dropout: its draws cross threads
 #: (2026-11-25, same workload at D=64, ms: 32 x 128 / 4 / 3: 1.58 against 0.82 without dropout;
 #: 64 x 64 / 4 / 3, turned round: 0.89; 64 x 64 / 4 / 2: 0.90; 32 x 64 / 4 / 3: 1.54).
+#: Re-swept under dropout (2026-11-25, torch 2.11, triton 3.6, same workload, fp16 / bf16, ms): the
+#: choices above stayed best. D=128: forward 128 x 128 / 8 / 3 0.735 / 0.719 (128 x 64 / 8 / 3: 0.744
+#: / 0.738, 64 x 64 / 4 / 3: 0.757 / 0.723); dQ 128 x 64 / 8 / 3 0.98 / 0.95 (128 x 64 / 8 / 2: 1.10);
+#: dK/dV 64 x 64 / 4 / 2 1.38 / 1.35 against 1.69 / 1.69 for 128 x 64 / 8 / 2 turned round, a tile
+#: with half the accumulator registers a thread and no spill (sm_90 compile), which needs the causal
+#: loop's diagonal generalised to BLOCK_M > BLOCK_N and was not kept. D=64: dQ 64 x 64 / 4 / 3 0.59 /
+#: 0.58 (64 x 32: 0.61 / 0.59). The one change it made: the D=64 forward under dropout takes 64 x 64
+#: / 4 / 3, 0.498 / 0.497 ms fp16 and 0.480 / 0.487 bf16 (two rounds) against 0.514 / 0.513 and 0.511 /
+#: 0.509 for the dense 128 x 64 / 8 / 3 (0.39 without dropout).
 #: "short": the causal forward over at most ``fast.forward.SHORT_CAUSAL_KEYS`` keys (fp16/bf16, none of
 #: lesson 09's features), where each program's loop is 1 to 8 key tiles long and its set-up and
 #: store weigh as much as its work. 128 x 64 tiles in two stages (98 KB) with at most 128 registers a
@@ -167,7 +176,7 @@ PREFERRED_FP32: dict[tuple[str, int], KernelConfig] = {
 PREFERRED_WITH: dict[tuple[str, int, str], KernelConfig] = {
     ("fast_fwd", 128, "varlen"): _c(64, 64, 4, 2), ("fast_dq", 128, "varlen"): _c(64, 32, 4, 3),
     ("fast_dkdv", 128, "varlen"): _c(32, 64, 4, 3), ("fast_dkdv", 128, "window"): _c(64, 128, 8, 2),
-    ("fast_dkdv", 64, "dropout"): _c(64, 64, 4, 3),
+    ("fast_dkdv", 64, "dropout"): _c(64, 64, 4, 3), ("fast_fwd", 64, "dropout"): _c(64, 64, 4, 3),
     ("fast_fwd", 128, "short"): _c(128, 64, 8, 2, maxnreg=128),
 }
 

@@ -71,6 +71,18 @@ def test_every_h100_choice_comes_first_where_it_fits(elem_bytes):
     assert checked >= 7
 
 
+def test_every_feature_choice_comes_first_on_an_h100():
+    """Each tile of PREFERRED_WITH (lesson 09's features, the short causal forward) is the first
+    candidate for its feature at an H100's 227 KB, and only for that feature: the same kernel
+    without it keeps the dense choice."""
+    limit = 227 * 1024
+    for (kernel, d_class, feature), cfg in configs.PREFERRED_WITH.items():
+        assert configs.shared_memory_estimate(kernel, cfg, d_class, 2) <= limit, (kernel, d_class, feature)
+        assert configs.fitting(kernel, d_class, 2, limit, feature)[0] == cfg, (kernel, d_class, feature)
+        assert configs.fitting(kernel, d_class, 2, limit)[0] == configs.PREFERRED[(kernel, d_class)]
+    assert configs.fitting("fast_fwd", 64, 2, limit, "dropout")[0] != configs.fitting("fast_fwd", 64, 2, limit)[0]
+
+
 @pytest.mark.parametrize("kernel", ["fwd", "dq", "dkdv", "fast_fwd", "fast_dq", "fast_dkdv"])
 def test_64KB_gets_a_config_that_fits_up_to_D128(kernel):
     for head_dim in (64, 128):
