@@ -11,7 +11,8 @@ import triton.language as tl
 from . import runtime
 
 #: a dropout draw is an 8-bit number; element (i, j) is dropped when it is < round(p * 2**8)
-#: (FlashAttention's dropout draws 8 bits too: p is rounded to a multiple of 1/256)
+#: (FlashAttention's dropout draws 8 bits too: the drop probability is rounded to a multiple of
+#: 1/256, while the survivors keep the nominal 1 / (1 - p))
 DROPOUT_LEVELS = 256
 #: Philox-4x32 rounds per call: 7, as FlashAttention's dropout uses (Salmon et al., "Parallel
 #: random numbers: as easy as 1, 2, 3", SC 2011: Philox4x32-7 passes TestU01's BigCrush; 10,
@@ -125,8 +126,9 @@ def dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M: tl.constexpr, 
     every eight: call (P, G, t) serves rows ``16 R + 8 h + r`` (P = 8 R + r, h = 0..1) and keys
     ``32 G + 8 g + 2 t + e`` (g = 0..3, e = 0..1); word g of the call, byte 2 h + e. Its sixteen
     draws land in one thread's registers and need no shuffle. Element (i, j) survives when its
-    draw is >= ``threshold`` (p * 256). The result depends on (seed, seq_head, i, j) only, never
-    on the tile sizes, so every kernel that needs Z regenerates the same bits. ``start_m`` must
+    draw is >= ``threshold`` (p * 256). The result depends on (seed, seq_head, i, j) and the row
+    length S_k (the counters count its 32-key groups: a mask drawn for another S_k and cut down is
+    another mask), never on the tile sizes, so every kernel that needs Z regenerates the same bits. ``start_m`` must
     be a multiple of 16, ``start_n`` of 32 (or of 16 when ``BLOCK_N`` is 16).
     """
     tl.static_assert(BLOCK_M % 16 == 0, "dropout tiles need BLOCK_M a multiple of 16")

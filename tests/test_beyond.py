@@ -5,6 +5,8 @@ On the CPU (Triton interpreter) small odd shapes with 16 x 16 tiles, so that win
 boundaries; on a GPU the same tests at larger sizes and in fp16/bf16. Outputs start as NaN
 (conftest), so an element a kernel skips shows.
 """
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -341,6 +343,18 @@ def test_bad_arguments_say_what_was_expected(kwargs, error, message):
     q, k, v = (rand(1, 2, 16, 16) for _ in range(3))
     with pytest.raises(error, match=message):
         beyond.flash_attention(q, k, v, **kwargs)
+
+
+def test_a_dropout_below_the_masks_resolution_warns():
+    """p <= 1/512 rounds to a threshold of 0 (8-bit draws): nothing would be dropped, silently.
+    It warns, saying why; p = 1/256 draws a real mask and does not warn."""
+    q, k, v = (rand(1, 2, 40, 16) for _ in range(3))
+    with pytest.warns(UserWarning, match="below the dropout mask's resolution.*nothing is dropped"):
+        beyond.flash_attention(q, k, v, dropout_p=1 / 512, seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        beyond.flash_attention(q, k, v, dropout_p=1 / 256, seed=3)
+    assert not beyond.dropout_mask(3, 2, 40, 40, 1 / 256, DEVICE).all()
 
 
 def test_sdpa_entry_point_takes_dropout():

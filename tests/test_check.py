@@ -143,6 +143,19 @@ def test_not_implemented_raises_assertion_after_printing(capsys):
     assert "aligned, causal" not in out      # stops at the first case
 
 
+def test_not_implemented_names_the_helper_still_to_write(capsys):
+    """A finished function whose helper still raises the placeholder: the diagnosis names the
+    helper (exercise 09's packed_backward calling an unwritten sequence_backward)."""
+    def sequence_backward(*args):
+        raise NotImplementedError()
+
+    def packed_backward(*args):
+        return sequence_backward(*args)
+    r = check.beyond_backward(packed_backward, raise_on_fail=False, show=False)
+    assert r.hint_ids == ["not_implemented"]
+    assert "raised in `sequence_backward`" in r.diagnosis()
+
+
 def test_failure_prints_diagnosis_and_table_then_raises(capsys):
     with pytest.raises(AssertionError, match=r"\[scale\]"):
         check.attention_backward(make_backward("scale"))

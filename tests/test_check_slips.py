@@ -51,6 +51,9 @@ The diagnoses and what they read:
                       exp(S + LSE), the gate's value, dBias reversed, 1/p, & before <=,
                       cdiv(BLOCK, S), ctx set after return, a method without (), an LSE loaded as a column,
                       0-d tensors for ints, a copy launched with the original's strides
+  blind set P         exercise 09: 1 / (1 - p) rounded to float32 or fp16, a mask drawn at the
+                      longest lengths and cut down, O where dO belongs in dV or dP, the rescale
+                      put on dS or on delta's sum (delta divided by 1 - p)
 """
 import pytest
 import torch
@@ -691,6 +694,27 @@ EDITS = [
     ('09b', 'heads(k[ks]), heads(v[ks])',
      'heads(k[ks]), heads(k[ks])',
      'same_argument_twice', 'gets `heads(k[ks])` both as k and as v'),
+    # ---- blind set P (a newcomer's pass over exercise 09)
+    ('09b', 'z = keep.to(q.dtype) / (1.0 - dropout_p)', 'z = keep / (1.0 - dropout_p)',
+     'rescale_rounded', "float32's rounding of it"),
+    ('09b', 'z = keep.to(q.dtype) / (1.0 - dropout_p)', 'z = keep * (1.0 / (1.0 - dropout_p))',
+     'rescale_rounded', "float32's rounding of it"),
+    ('09b', 'z = keep.to(q.dtype) / (1.0 - dropout_p)', 'z = keep.half() / (1 - dropout_p)',
+     'rescale_rounded', "float16's rounding of it"),
+    ('09b', 'keep = dropout_mask(seed, H, S_q, S_k, dropout_p, q.device, first_seq_head=b * H)',
+     'longest = [max(b - a for a, b in zip(cu[:-1], cu[1:])) for cu in (cu_q, cu_k)]\n'
+     '        keep = dropout_mask(seed, H, *longest, dropout_p, q.device, first_seq_head=b * H)[:, :S_q, :S_k]',
+     'mask_drawn_at_longest', 'drawn at the longest lengths'),
+    ('09b', 'dv = (P * z).transpose(-1, -2) @ do', 'dv = (P * z).transpose(-1, -2) @ o',
+     'dv_uses_o', 'dV multiplies by O where dO belongs'),
+    ('09b', 'dp = (do @ v.transpose(-1, -2)) * z', 'dp = (o @ v.transpose(-1, -2)) * z',
+     'dp_uses_o', 'dP multiplies by O where dO belongs'),
+    ('09b', 'dp = (do @ v.transpose(-1, -2)) * z\n    delta = (do * o).sum(-1, keepdim=True)\n    ds = P * (dp - delta)',
+     'dp = (do @ v.transpose(-1, -2)) * keep\n    delta = (do * o).sum(-1, keepdim=True)\n'
+     '    ds = P * (dp - delta) / (1.0 - dropout_p)',
+     'delta_rescaled', 'the rescale reaches more than dP'),
+    ('09b', 'delta = (do * o).sum(-1, keepdim=True)', 'delta = ((P * z) * dp).sum(-1, keepdim=True)',
+     'delta_rescaled', 'the rescale reaches more than dP'),
 ]
 
 

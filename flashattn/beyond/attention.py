@@ -9,6 +9,7 @@ same dropout mask from the same seed (``flashattn.features.dropout_keep``).
 from __future__ import annotations
 
 import numbers
+import warnings
 import weakref
 from typing import Optional
 
@@ -16,7 +17,7 @@ import torch
 
 from .. import runtime
 from ..configs import KernelConfig
-from ..features import dropout_counters
+from ..features import DROPOUT_LEVELS, dropout_counters, dropout_threshold
 from ..fast import fast_attention_backward, fast_attention_forward, supports
 from ..ops import traced
 from . import ops
@@ -93,6 +94,11 @@ def validate_dropout(dropout_p, seed, S_q: int, S_k: int, draw: bool = True) -> 
         raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if 0 < dropout_p and dropout_threshold(dropout_p) == 0:
+        warnings.warn(f"dropout_p={dropout_p} is below the dropout mask's resolution: each element's draw "
+                      f"is 8 bits and p is rounded to a multiple of 1/{DROPOUT_LEVELS}, so nothing is "
+                      f"dropped (the output is only scaled by 1 / (1 - p)); use p > 1/{2 * DROPOUT_LEVELS}",
+                      UserWarning, stacklevel=3)
     if dropout_p > 0 and dropout_counters(S_q, S_k) > 2 ** 32:
         raise ValueError(f"dropout numbers one head's Philox calls with 32 bits: S_q * ceil(S_k / 32) * 4 "
                          f"must be at most 2**32, got {S_q} * ceil({S_k} / 32) * 4")
@@ -121,8 +127,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     ``causal``, which is the window (-1, 0) and narrows any window's right side to 0. (FlashAttention
     aligns windows bottom-right when S_q != S_k; for S_q == S_k the two agree.) A row that sees no
     key gets O = 0. ``dropout_p``: each attention weight is dropped with probability p and the rest
-    scaled by 1 / (1 - p), the mask drawn from ``seed`` (default: from torch's generator); p is
-    rounded to a multiple of 1/256 (each element's draw is 8 bits, as in FlashAttention).
+    scaled by 1 / (1 - p), the mask drawn from ``seed`` (default: from torch's generator). Each
+    element's draw is 8 bits, as in FlashAttention: the drop probability is rounded to a multiple
+    of 1/256 (p = 0.1 drops 10.2%, p = 0.01 drops 1.2%, p <= 1/512 nothing, with a warning), and the
+    survivors are scaled by the nominal 1 / (1 - p), as FlashAttention and SDPA scale them.
     ``impl``: "teaching" (lesson 09's kernels), "fast" (the tuned ones), "auto" (fast on a GPU).
     ``config``: one tile for every kernel (default: each kernel's own choice).
     """

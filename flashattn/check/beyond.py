@@ -241,6 +241,7 @@ BEYOND_CASES = (
     _beyond_case((7, 10, 5), window=(-1, 0), p=0.5),
     _beyond_case((8, 11), (12, 7), window=(2, 2), p=0.3),
     _beyond_case((6, 0, 9), (5, 0, 8), window=(-1, 0), p=0.2),   # an empty sequence between two others
+    _beyond_case((12, 7), (40, 9), p=0.3),                 # keys past 32: Z's counters count 32-key groups
 )
 
 
@@ -303,8 +304,9 @@ def sequence_grads(q, k, v, o, do, lse, keep, p, seen, scale, slip: str = "") ->
         z_dv = torch.ones_like(z_dv, dtype=torch.float64)
     if slip == "dp_no_mask":
         z_dp = torch.ones_like(z_dp, dtype=torch.float64)
-    dv = ((P_before_mask if slip == "mask_after_dv" else P) * z_dv).transpose(-1, -2) @ do
-    dp_raw = do @ v.transpose(-1, -2)
+    dv = ((P_before_mask if slip == "mask_after_dv" else P) * z_dv).transpose(-1, -2) @ \
+        (o if slip == "dv_uses_o" else do)
+    dp_raw = (o if slip == "dp_uses_o" else do) @ v.transpose(-1, -2)
     dp = dp_raw * z_dp
     delta = (do * o).sum(-1, keepdim=True)
     if slip == "delta_unmasked_dp":
@@ -324,7 +326,8 @@ def _heads_first(t):
 
 def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=False, global_positions=False,
                  scale=None, sliced_mask=False, reshape_heads=False, mask_p=None,
-                 masks_swapped=False, one_head_mask=False, stop_at_empty=False, lse_reshape=False) -> dict:
+                 masks_swapped=False, one_head_mask=False, stop_at_empty=False, lse_reshape=False,
+                 longest_mask=False) -> dict:
     """The packed batch's gradients, unpacked per sequence (see :func:`unpack`), by the lesson's
     formulas with one mistake put in: ``slip`` (see :func:`sequence_grads`), ``window_slip``
     (a name of :func:`window_slips`), ``mask_heads(b, H)`` (the first_seq_head of sequence b's
@@ -336,7 +339,8 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
     the per-sequence backward in each other's place), ``one_head_mask`` (each sequence's mask drawn
     for one head and broadcast over all), ``stop_at_empty`` (the loop leaves at the first empty
     sequence: ``break`` where ``continue`` belongs), ``lse_reshape`` (a sequence's [S_q, H] LSE
-    reshaped to [H, S_q] where a transpose belongs)."""
+    reshaped to [H, S_q] where a transpose belongs), ``longest_mask`` (each sequence's mask drawn
+    at the longest lengths and cut down to its own)."""
     case = x.case
     H = x.q.shape[1]
     heads = (lambda t: t.reshape(t.shape[1], t.shape[0], t.shape[2])) if reshape_heads else _heads_first
@@ -357,6 +361,8 @@ def packed_grads(x, slip: str = "", window_slip=None, mask_heads=None, whole=Fal
             seen = visible(S_q, S_k, case.window, shift=(qs.start - ks.start) if global_positions else 0)
         if sliced_mask:
             keep = _keep(x, 0, sum(case.lens_q), sum(case.lens_k), 0)[:, qs, ks]
+        elif longest_mask:                 # the counters count 32-key groups of the drawn length
+            keep = _keep(x, b, max(case.lens_q), max(case.lens_k))[:, :S_q, :S_k]
         else:
             keep = _keep(x, b, S_q, S_k, mask_heads(b, H) if mask_heads else None, mask_p)
         if one_head_mask:                  # drawn for one head (the first of the sequence), broadcast
@@ -423,6 +429,7 @@ def _variants(case: BeyondCase, x) -> dict:
             found["mask_same_for_all"] = packed_grads(x, mask_heads=lambda b, H: 0)
             found["mask_numbered_by_b"] = packed_grads(x, mask_heads=lambda b, H: b)
             found["mask_sliced_from_whole"] = packed_grads(x, sliced_mask=True)
+            found["mask_drawn_at_longest"] = packed_grads(x, longest_mask=True)
         if case.H > 1:                     # dropout_mask(seed, 1, ...): one head's mask for all
             found["mask_one_head"] = packed_grads(x, one_head_mask=True)
     for name in window_slips(case.S_q, case.S_k, case.window):
@@ -436,7 +443,9 @@ def _variants(case: BeyondCase, x) -> dict:
         found["scale_ignored"] = packed_grads(x, scale=case.D ** -0.5)
     found["window_inverted"] = packed_grads(x, "window_inverted")
     found["keep_inverted"] = packed_grads(x, "keep_inverted")     # at p = 0 too: then Z is all False
-    found["o_do_swapped"] = packed_grads(x, "o_do_swapped")
+    found["swapped_o_do"] = packed_grads(x, "o_do_swapped")    # "swapped": every output it changes is wrong
+    found["dv_uses_o"] = packed_grads(x, "dv_uses_o")
+    found["dp_uses_o"] = packed_grads(x, "dp_uses_o")
     if case.window != (-1, -1):
         found["mask_after_dv"] = packed_grads(x, "mask_after_dv")
         found["no_visible"] = packed_grads(x, "no_visible")
@@ -463,8 +472,8 @@ def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
 
     The cases (a name lists the query lengths ``q``, the key lengths ``k`` where they differ, the
     window ``w``, the dropout ``p``): one sequence and several, S_q != S_k, windows with rows that
-    see no key, left = 0, dropout 0 / 0.2 / 0.3 / 0.5, a scale of 0.3. In the table, batch element b
-    is sequence b (outputs are unpacked into ``[sequences, H, longest, D]``).
+    see no key, left = 0, dropout 0 / 0.2 / 0.3 / 0.5, keys past 32, a scale of 0.3. In the table,
+    batch element b is sequence b (outputs are unpacked into ``[sequences, H, longest, D]``).
     """
     device = runtime.default_device()
 

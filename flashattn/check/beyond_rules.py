@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from . import window_edges
 from .diagnose import fingerprint_rule, fingerprint_test, in_every_failing_case, rule
 
@@ -174,7 +176,11 @@ _slip_rule("ds_dropped_p", "dS uses the dropped P (P * Z / (1 - p)) instead of P
            kinds=("beyond",))
 _slip_rule("delta_unmasked_dp", "delta is summed from a dP without the dropout mask", _DROPOUT_IDEA,
            kinds=("beyond",))
-_slip_rule("delta_rescaled", "delta is divided by 1 - p", _DROPOUT_IDEA + " O already carries the 1 / (1 - p).",
+_slip_rule("delta_rescaled", "delta ends up divided by 1 - p: the rescale reaches more than dP",
+           _DROPOUT_IDEA + " O already carries the 1 / (1 - p), so delta = rowsum(dO * O) needs none. The "
+           "usual ways to divide it anyway: delta / (1 - p) itself; the whole of dS (or P before dS) "
+           "divided by 1 - p, where only dP should be; delta summed as rowsum(P * Z / (1 - p) * dP) "
+           "with a dP that already holds Z / (1 - p) (that is rowsum(dO * O) / (1 - p)).",
            kinds=("beyond",))
 _slip_rule("delta_dropped", "delta is multiplied by the dropout mask: dS = P * (dP - delta * Z / (1 - p))",
            _DROPOUT_IDEA + " delta = rowsum(dO * O) is one number per row, the same for every key: it is "
@@ -216,6 +222,12 @@ _slip_rule("mask_numbered_by_b", "sequence b's dropout mask is drawn with first_
            "takes sequence 0's second head's mask.", kinds=("beyond",))
 
 
+_slip_rule("mask_drawn_at_longest", "each sequence's dropout mask is drawn at the longest lengths and cut down",
+           "Element (i, j)'s bits come from a Philox counter that counts the row's groups of 32 keys, "
+           "ceil(S_k / 32) of them, so a mask drawn for another S_k differs wherever the two lengths "
+           "fall in different multiples of 32 -- slicing does not give back the shorter sequence's "
+           "mask. Draw each sequence's at its own (S_q, S_k), as the forward did: dropout_mask(seed, H, "
+           "S_q, S_k, p, device, first_seq_head=b * H).", kinds=("beyond",))
 _slip_rule("mask_sliced_from_whole", "each sequence's dropout mask is cut out of one mask for the whole batch",
            "The forward drew a mask per (sequence, head), of that sequence's own (S_q, S_k), numbered "
            "b * H + h -- not one mask over the packed tensor: draw each sequence's with "
@@ -231,6 +243,45 @@ def _per_sequence(ctx, cases) -> str:
             ok_first &= bool(seq_ok[0])
             bad_later |= bool((~seq_ok[1:]).any())
     return "sequence 0 is right in every one of them, later sequences are wrong" if ok_first and bad_later else ""
+
+
+def _rounded_rescale(p: float, value: float):
+    """The low-precision dtype whose 1 / (1 - p) is ``value`` (as a division or as the rounded
+    quotient), or None."""
+    exact = 1.0 / (1.0 - p)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        divided = float(torch.tensor(1.0, dtype=dtype) / torch.tensor(1.0 - p, dtype=dtype))
+        for r in (divided, float(torch.tensor(exact, dtype=dtype))):
+            if r != exact and abs(value - r) <= 1e-9 * r:
+                return str(dtype).replace("torch.", "")
+    return None
+
+
+@rule("rescale_rounded", "1 / (1 - p) is rounded to a lower precision than the inputs'",
+      _DROPOUT_IDEA + " The battery runs in float64, and 1 / (1 - p) is not a round number for every p "
+      "(1 / 0.7 = 1.428571428571...). A bool mask divided by a float comes out in torch's default "
+      "dtype, float32, which keeps 7 digits of it (fp16 3): every gradient through it is off by that "
+      "much, in the cases whose p shows it. Make the mask the inputs' dtype first: keep.to(q.dtype) / "
+      "(1.0 - dropout_p).", kinds=("beyond",))
+def _rescale_rounded(ctx):
+    if not ctx.failing or not all(r.case.dropout_p > 0 and not r.error for r in ctx.failing):
+        return None
+    found = []
+    for r in ctx.failing:
+        bad = r.bad()
+        if not bad or any(t.rel > 1e-2 for t in bad):
+            return None
+        p = r.case.dropout_p
+        for t in bad:
+            dtype = _rounded_rescale(p, t.ratio / (1.0 - p)) if t.ratio_resid < 1e-9 else None
+            if dtype:
+                found.append(f"{t.name} = {t.ratio:.10g} x the right one in '{r.case.name}': your 1 / (1 - p) "
+                             f"is {t.ratio / (1.0 - p):.9g} where {1.0 / (1.0 - p):.12g}... belongs, {dtype}'s "
+                             f"rounding of it")
+                break
+        else:
+            return None
+    return "; ".join(found[:2]) if found else None
 
 
 @rule("dropout_rescale", "only dropout cases fail, and an output is off by a constant factor: a rescale slip",
@@ -265,10 +316,19 @@ def _mask_differs(ctx):
 # --------------------------------------------------------------------------------------
 # packed sequences
 # --------------------------------------------------------------------------------------
-_slip_rule("o_do_swapped", "O and dO are passed in each other's places",
-           "The two have the same shape [S_q, H, D], so swapped they run: delta = rowsum(dO * O) does not "
-           "notice (a product of the two), but dV = P^T dO and dP = dO V^T then use O. Compare the call "
-           "with the signature: sequence_backward(q, k, v, o, do, lse, ...).", kinds=("beyond",))
+fingerprint_rule("o_do_swapped", "O and dO are passed in each other's places",
+                 "The two have the same shape [S_q, H, D], so swapped they run: delta = rowsum(dO * O) does not "
+                 "notice (a product of the two), but dV = P^T dO and dP = dO V^T then use O. Compare the call "
+                 "with the signature: sequence_backward(q, k, v, o, do, lse, ...).", kinds=("beyond",),
+                 name="swapped_o_do")   # a swap in the call changes dQ, dK and dV: all three must be wrong
+_slip_rule("dv_uses_o", "dV multiplies by O where dO belongs",
+           "dV = (P * Z / (1 - p))^T dO: the gradient that reaches V is the one that arrived at the "
+           "output, dO. O has the same shape, so the product runs. (dQ and dK are right: they go "
+           "through dP = dO V^T.)", kinds=("beyond",))
+_slip_rule("dp_uses_o", "dP multiplies by O where dO belongs",
+           "dP = dO V^T (times Z / (1 - p)): the gradient of P comes from dO, the gradient that "
+           "arrived at the output. O has the same shape, so the product runs; dV = P^T dO is right.",
+           kinds=("beyond",))
 _slip_rule("lse_reshape", "a sequence's LSE is reshaped from [S_q, H] to [H, S_q], not transposed",
            "reshape keeps the elements in memory order and only relabels the dimensions: the packed "
            "LSE's slice [S_q, H] reshaped to [H, S_q] puts row i's heads into one head's row, so "

@@ -35,7 +35,12 @@ from .structure_rules import add as add_structure_rules
       "Your code still raises NotImplementedError: replace the `raise NotImplementedError()` line "
       "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.")
 def _not_implemented(ctx):
-    return "" if _first_error(ctx, Unwritten) is not None else None
+    first = _first_error(ctx, Unwritten)
+    if first is None:
+        return None
+    function = getattr(first.error, "function", "")
+    return (f"it is raised in `{function}`: that function is still to be written"
+            if function and not function.startswith("<") else "")
 
 
 @rule("no_kernel", "your launcher ran no kernel",

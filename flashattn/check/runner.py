@@ -253,15 +253,18 @@ def kernel_not_written(launch) -> bool:
     return False
 
 
-def _not_implemented(e: BaseException) -> bool:
+def _not_implemented(e: BaseException):
     """The exercise's placeholder: a NotImplementedError raised by a ``raise NotImplementedError``
     line, possibly wrapped by Triton's interpreter or compiler -- not one that PyTorch raises
-    for an operation it lacks (a float tensor &= a bool one)."""
+    for an operation it lacks (a float tensor &= a bool one). Truthy if so: the name of the
+    function that raised it (where a helper of the learner's is the one left unwritten), or True."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, NotImplementedError):
             frames = traceback.extract_tb(e.__traceback__)
-            return not frames or "NotImplementedError" in (frames[-1].line or "")
+            if not frames:
+                return True
+            return (frames[-1].name or True) if "NotImplementedError" in (frames[-1].line or "") else False
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
@@ -505,8 +508,10 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:          # noqa: BLE001 -- report any error of the learner's code
-                if _not_implemented(e):
+                unwritten_in = _not_implemented(e)
+                if unwritten_in:
                     res.error = Unwritten(str(e))
+                    res.error.function = unwritten_in if isinstance(unwritten_in, str) else ""
                     break                   # every other case would say the same
                 res.error = e
                 res.error_where = where(e)
