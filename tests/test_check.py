@@ -1,6 +1,7 @@
 """flashattn.check at the PyTorch level: every diagnosis is proven by a small buggy function
 that triggers exactly that hint, and the correct implementation triggers none. Also: where a
 function came from (test_check_kernels.py does the kernels)."""
+import math
 import re
 
 import pytest
@@ -154,6 +155,30 @@ def test_not_implemented_names_the_helper_still_to_write(capsys):
     r = check.beyond_backward(packed_backward, raise_on_fail=False, show=False)
     assert r.hint_ids == ["not_implemented"]
     assert "raised in `sequence_backward`" in r.diagnosis()
+
+
+def test_a_backward_without_the_kernels_is_named():
+    """Blind set Q (exercise 05): backward gets right gradients from PyTorch's own autograd on a
+    materialised softmax and launches no kernel: not the lesson, and the checker says so."""
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale):
+            o, lse = flashattn.attention_forward(q, k, v, causal, scale)
+            ctx.save_for_backward(q, k, v)
+            ctx.causal, ctx.scale = causal, scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            from flashattn.reference import attention_reference
+            q, k, v = ctx.saved_tensors
+            r = attention_reference(q, k, v, do, causal=ctx.causal, scale=ctx.scale)
+            return r.dQ.to(q.dtype), r.dK.to(k.dtype), r.dV.to(v.dtype), None, None
+
+    r = run_checker(check.autograd_function, lambda q, k, v, causal, scale: Attention.apply(
+        q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), gqa=False)
+    assert r.hint_ids == ["no_backward_kernel"], r.report()
+    assert "no Triton kernel ran inside backward" in r.diagnosis()
 
 
 def test_failure_prints_diagnosis_and_table_then_raises(capsys):

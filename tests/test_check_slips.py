@@ -53,7 +53,8 @@ The diagnoses and what they read:
                       0-d tensors for ints, a copy launched with the original's strides
   blind set P         exercise 09: 1 / (1 - p) rounded to float32 or fp16, a mask drawn at the
                       longest lengths and cut down, O where dO belongs in dV or dP, the rescale
-                      put on dS or on delta's sum (delta divided by 1 - p)
+                      put on dS or on delta's sum (delta divided by 1 - p), an LSE made a row
+                      with [:, None] (exception_ideas.py; no longer "check that slice" for q @ k^T)
 """
 import pytest
 import torch
@@ -715,6 +716,19 @@ EDITS = [
      'delta_rescaled', 'the rescale reaches more than dP'),
     ('09b', 'delta = (do * o).sum(-1, keepdim=True)', 'delta = ((P * z) * dp).sum(-1, keepdim=True)',
      'delta_rescaled', 'the rescale reaches more than dP'),
+    ('09b', 'lse[..., None]', 'lse[:, None]', 'exception', '`lse[:, None]` puts the new axis second'),
+    # ---- blind set Q (a newcomer's pass over exercise 05)
+    ('05', 'dk, dv = flashattn.attention_backward_dkdv(', 'dv, dk = flashattn.attention_backward_dkdv(',
+     'grad_order', "names the call's results the other way round"),
+    ('04', 'dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=LSE.dtype.element_ty)',
+     'dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=K.dtype.element_ty)',
+     'accumulator_precision', 'dtype K.dtype.element_ty'),
+    ('04', 'dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=LSE.dtype.element_ty)',
+     'dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float16)',
+     'accumulator_precision', 'dtype tl.float16'),
+    ('05', 'o, lse = flashattn.attention_forward(q, k, v, causal, scale)',
+     'q.mul_(scale)\n        o, lse = flashattn.attention_forward(q, k, v, causal, 1.0)',
+     'inplace_on_input', 'q.mul_(scale) the caller'),
 ]
 
 
@@ -724,6 +738,23 @@ def test_slips_are_named(tmp_path, exercise, old, new, hint, phrase):
     r = CHECKS[exercise](_load(tmp_path, exercise, (old, new)))
     assert_hint(r, hint)
     assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
+
+
+@pytest.mark.parametrize("kept", ["q, k, v, o, lse", "o"])
+def test_tensors_kept_as_ctx_attributes_are_named(tmp_path, kept):
+    """Blind set Q (exercise 05): forward keeps tensors as ctx attributes instead of
+    save_for_backward. The gradients come out right, but autograd neither checks them for
+    in-place changes nor frees them after the backward: the checker fails it, by name."""
+    names = [n.strip() for n in kept.split(",")]
+    rest = [n for n in ("q", "k", "v", "o", "lse") if n not in names]
+    attrs = ", ".join(f"ctx.{n}" for n in names)
+    edit = [("ctx.save_for_backward(q, k, v, o, lse)",
+             (f"ctx.save_for_backward({', '.join(rest)})\n        " if rest else "") + f"{attrs} = {kept}"),
+            ("q, k, v, o, lse = ctx.saved_tensors",
+             (f"{', '.join(rest)}, = ctx.saved_tensors\n        " if rest else "") + f"{kept} = {attrs}")]
+    r = CHECKS["05"](_load(tmp_path, "05", edit))
+    assert_hint(r, "ctx_attributes")
+    assert f"forward put {attrs} on ctx" in r.diagnosis(), r.diagnosis()
 
 
 def test_a_kernel_error_shows_the_kernel_line(tmp_path):

@@ -45,13 +45,13 @@ from .. import runtime
 from .battery import (AUTOGRAD_BATTERY, AUTOGRAD_FLOAT32_CASE, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY,
                       GQA_CASES, KERNEL_BATTERY, Case, Output)
 from . import rules  # noqa: F401  (registers every diagnosis, in order)
-from .diagnose import RULES, NoGradient, ShapeError
+from .diagnose import RULES, CtxTensors, NoBackwardKernel, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
 from .beyond import beyond_backward, window_mask
 from .lazy import lazy_backward
 from .origin import describe_origin
 from .results import CheckFailed, CheckResult, Diagnosis
-from .runner import kernel_not_written, launched, run_battery
+from .runner import count_triton_launches, kernel_not_written, launched, run_battery
 
 #: The result of the last checker call (pass or fail): ``check.last.report()``, ``.plot()``.
 last: Optional[CheckResult] = None
@@ -285,13 +285,14 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Tr
             raise ShapeError(f"fn must return the output tensor, got {type(o).__name__}")
         wanted = [n for n in "qkv" if n in case.requires]
         try:
-            if case.do_layout == "sum":
-                for n in wanted:
-                    leaves[n].grad = None
-                o.sum().backward()
-                grads = [leaves[n].grad for n in wanted]
-            else:
-                grads = torch.autograd.grad(o, [leaves[n] for n in wanted], x.do, allow_unused=True)
+            with count_triton_launches() as backward_launches:
+                if case.do_layout == "sum":
+                    for n in wanted:
+                        leaves[n].grad = None
+                    o.sum().backward()
+                    grads = [leaves[n].grad for n in wanted]
+                else:
+                    grads = torch.autograd.grad(o, [leaves[n] for n in wanted], x.do, allow_unused=True)
         except RuntimeError as e:
             if "incorrect number of gradients" in str(e):
                 raise RuntimeError(f"{e}. {_GRAD_COUNT_HELP}") from None
@@ -322,6 +323,12 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Tr
             e.missing = missing
             raise e
         outs.update({names[n]: g for n, g in zip(wanted, grads)})
+        if backward_launches[0] == 0:
+            raise NoBackwardKernel("the backward launched no Triton kernel")
+        node = o.grad_fn       # a custom Function's node is its ctx: attributes set on ctx live there
+        kept = [n for n, t in vars(node).items() if isinstance(t, torch.Tensor)] if hasattr(node, "__dict__") else []
+        if kept:
+            raise CtxTensors(kept)
         return outs, refs, {}
 
     if cases is None:

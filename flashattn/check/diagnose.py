@@ -258,6 +258,21 @@ class NoGradient(ShapeError):
     """A gradient that came back None for an input that requires grad."""
 
 
+class NoBackwardKernel(Exception):
+    """An autograd.Function whose backward launched no Triton kernel (PyTorch's own autograd on a
+    materialised softmax, say): right values, not the lesson's kernels."""
+
+
+class CtxTensors(Exception):
+    """An autograd.Function whose forward kept tensors as ctx attributes (``names``), not with
+    ctx.save_for_backward."""
+
+    def __init__(self, names: list):
+        super().__init__(f"forward kept {', '.join('ctx.' + n for n in names)} as ctx attributes, "
+                         f"not with ctx.save_for_backward")
+        self.names = names
+
+
 def in_every_failing_case(ctx, prefix: str, also=lambda label: True) -> set:
     """The full fingerprint labels starting with ``prefix`` (and passing ``also``) that every
     failing case matches: a mistake generated from a class (one operand, one edge's formula)

@@ -282,6 +282,15 @@ def _specific_idea(r, sources: list = ()):
     packed = _packed_layout_idea(shapes, sizes, c)
     if packed:
         return packed
+    middle = next(((n, sh) for n, sh in shapes.items() if len(sh) >= 2 and
+                   re.search(rf"(?<![.\w]){re.escape(n)}\[\s*:\s*,\s*None\s*\]", line)), None)
+    if middle and middle[1][-1] in sizes:
+        n, sh = middle
+        moved = list(sh[:1]) + [1] + list(sh[1:])
+        return (f"`{n}[:, None]` puts the new axis second: {n} {list(sh)} becomes {moved}, its values "
+                f"lined up along the last axis, against the keys. A value per query row (the LSE, delta) "
+                f"must be a column, [..., S_q, 1]: {n}[..., None] (or {n}.unsqueeze(-1)). Where the lengths "
+                f"happen to agree, the row broadcasts and is silently wrong.")
     pair = _row_vector_on_keys(shapes, sizes, line)
     if pair:
         vec, mat = pair

@@ -122,15 +122,24 @@ def _argument_from_caller(r) -> Optional[str]:
     params = f.f_code.co_varnames[:f.f_code.co_argcount]
     args = _call_arguments(caller, f.f_code.co_name)
     tensors = {n: f.f_locals[n] for n in line_found[3] if isinstance(f.f_locals.get(n), torch.Tensor)}
+    # the wrong one disagrees with its own side's anchor too: q for a row per query, k per key
+    anchor = lambda n: f.f_locals.get("q" if n in _PER_QUERY else "k" if n in _PER_KEY else "")  # noqa: E731
+
+    def other_sides(n, o, axis):
+        """n per query and o per key (or the other way round), n as long as its own side: a length
+        that differs as it should (q @ k^T), not a wrong slice."""
+        a = anchor(n)
+        sides = {n in _PER_QUERY, o in _PER_QUERY} == {True, False} and {n, o} <= _PER_QUERY | _PER_KEY
+        return sides and isinstance(a, torch.Tensor) and a.dim() == tensors[n].dim() and \
+            a.shape[axis] == tensors[n].shape[axis]
+
     clashes = []
     for n, t in tensors.items():
         for o, u in tensors.items():
             off = [i for i, (x, y) in enumerate(zip(t.shape, u.shape)) if x != y]
             if n != o and n in params and n in args and t.dim() == u.dim() and len(off) == 1 and \
-                    {t.shape[off[0]], u.shape[off[0]]} == sizes:
+                    {t.shape[off[0]], u.shape[off[0]]} == sizes and not other_sides(n, o, off[0]):
                 clashes.append((n, o, off[0]))
-    # the wrong one disagrees with its own side's anchor too: q for a row per query, k per key
-    anchor = lambda n: f.f_locals.get("q" if n in _PER_QUERY else "k" if n in _PER_KEY else "")  # noqa: E731
     clashes.sort(key=lambda c: not (isinstance(anchor(c[0]), torch.Tensor) and c[0] not in ("q", "k") and
                                     anchor(c[0]).dim() == tensors[c[0]].dim() and
                                     anchor(c[0]).shape[c[2]] != tensors[c[0]].shape[c[2]]))

@@ -287,10 +287,12 @@ line_rule("where_swapped", "tl.where / torch.where with 0 where the kept value b
               r"where\(\s*[\w.\[\]:, ]*(?:visible|ok|seen|keep|valid|mask|causal)[\w.\[\]:, ]*,\s*0(?:\.0*)?\s*,", c)
           is not None)
 
-line_rule("inplace_on_input", "an input or saved tensor is changed in place (o.mul_(...))",
-          "o.mul_(do) multiplies O itself: the forward's output -- which the caller holds, and which backward "
-          "saved -- is overwritten on the way. An in-place method (the trailing _: mul_, add_, div_, exp_) "
-          "belongs only on tensors your code made; write o * do.", kinds=("autograd",),   # (the others watch their inputs)
+line_rule("inplace_on_input", "an input or saved tensor is changed in place (a method ending in _)",
+          "A method with a trailing _ (mul_, add_, div_, exp_, ...) changes the tensor itself. On q, k, v, "
+          "dO, O or the LSE that is a tensor the caller still holds or that forward saved for backward, "
+          "overwritten on the way: o.mul_(do) overwrites the forward's output, q.mul_(scale) the caller's "
+          "q. In-place methods belong only on tensors your code made: write o * do, q * scale.",
+          kinds=("autograd",),   # (the others watch their inputs)
           test=lambda c: re.search(r"\b(?:o|q|k|v|do|lse|out|grad_out|dout)\.(?:mul_|add_|sub_|div_|exp_|clamp_|"
                                    r"masked_fill_|copy_|zero_)\(", c) is not None)
 

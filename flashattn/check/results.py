@@ -162,6 +162,8 @@ class CheckResult:
             return self.pass_line()
         d = self.diagnoses[0] if self.diagnoses else None
         n, m = len(self.failed), len(self.results)
+        if not n and d and not any(r.error for r in self.results):    # a rule read the code, not the values
+            return f"FAIL {self.title}: all {m} cases' values pass, but [{d.id}] {d.title}"
         what = f"{n} of {m} cases wrong" if n else "refused"
         return f"FAIL {self.title}: {what}" + (f" -- [{d.id}] {d.title}" if d else "")
 

@@ -19,7 +19,8 @@ import re
 import torch
 
 from .battery import BLOCKS
-from .diagnose import DtypeError, NoGradient, ShapeError, _first_error, _ranges, exactly as _exactly, rule, separating
+from .diagnose import (CtxTensors, DtypeError, NoBackwardKernel, NoGradient, ShapeError, _first_error, _ranges,
+                       exactly as _exactly, rule, separating)
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
 from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, saved_unpacked_otherwise,
@@ -41,6 +42,35 @@ def _not_implemented(ctx):
     function = getattr(first.error, "function", "")
     return (f"it is raised in `{function}`: that function is still to be written"
             if function and not function.startswith("<") else "")
+
+
+@rule("no_backward_kernel", "the backward launched no kernel",
+      "Lesson 05 wires the *kernels* into autograd: backward calls attention_backward_delta, "
+      "attention_backward_dq and attention_backward_dkdv on what forward saved. Yours got the "
+      "gradients without launching one (PyTorch's autograd on a recomputed softmax?): the values "
+      "are right, but that backward builds the S_q x S_k matrices the kernels exist to avoid.",
+      kinds=("autograd",))
+def _no_backward_kernel(ctx):
+    hits = [r for r in ctx.results if isinstance(r.error, NoBackwardKernel)]
+    if not hits:
+        return None
+    return f"no Triton kernel ran inside backward, in {len(hits)} of {len(ctx.results)} cases"
+
+
+@rule("ctx_attributes", "tensors are kept on ctx as attributes, not with ctx.save_for_backward",
+      "ctx.save_for_backward(q, k, v, o, lse) is how an autograd.Function keeps tensors for its "
+      "backward (ctx.saved_tensors hands them back): autograd then checks that none was changed in "
+      "place before the backward runs -- a silently wrong gradient otherwise -- and frees them once "
+      "the backward is done. A tensor put on ctx as an attribute (ctx.o = o) gets neither: an in-place "
+      "change goes unnoticed, and ctx and the output keep each other alive until the garbage "
+      "collector runs. Plain values (causal, scale) are the ones that go on ctx as attributes.",
+      kinds=("autograd",))
+def _ctx_attributes(ctx):
+    hits = [r for r in ctx.results if isinstance(r.error, CtxTensors)]
+    if not hits:
+        return None
+    return (f"forward put {', '.join('ctx.' + n for n in hits[0].error.names)} on ctx, in {len(hits)} of "
+            f"{len(ctx.results)} cases")
 
 
 @rule("no_kernel", "your launcher ran no kernel",
@@ -70,6 +100,15 @@ def _grad_order(ctx):
         if ctx.kind in ("dq", "dkdv"):
             return evidence, ("Each output pointer gets its own values: the kernel stores dK's "
                               "accumulator into DK with DK's strides, dV's into DV.")
+        # the return may be right and the names wrong where a call's results are unpacked
+        unpacked = next((m.group(0) for src in ctx.sources for m in
+                         [re.search(r"\b(dv\s*,\s*dk|dk\s*,\s*dq|dv\s*,\s*dq)\s*=\s*[\w.]+\(", src)] if m), None)
+        if unpacked:
+            return evidence + f"; `{unpacked}...)` names the call's results the other way round", (
+                "Two places decide the order: the return, (dq, dk, dv) for (q, k, v), and where a call's "
+                "results are unpacked into names -- attention_backward_dkdv returns (dk, dv), in that "
+                "order, so dk, dv = attention_backward_dkdv(...). Here the return is right and the names "
+                "are swapped.")
         return evidence
     return None
 

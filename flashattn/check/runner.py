@@ -24,7 +24,7 @@ from . import fingerprints, structure, substitutions
 from .battery import GUARDED, guard_bits, make_inputs
 from .diagnose import DtypeError, ShapeError, diagnose
 from .origin import describe_origin
-from .results import CaseResult, CheckFailed, CheckResult, Unwritten, compare
+from .results import CaseResult, CheckFailed, CheckResult, Diagnosis, Unwritten, compare
 
 
 # --------------------------------------------------------------------------------------
@@ -268,6 +268,66 @@ def _not_implemented(e: BaseException):
         seen.add(id(e))
         e = e.__cause__ or e.__context__
     return False
+
+
+#: an accumulator made by tl.zeros in the inputs' 16-bit type: ``name = tl.zeros(..., dtype=...)``
+_ZEROS = re.compile(r"^\s*(\w+)\s*=\s*tl\.zeros\((.*)\)\s*(?:#.*)?$")
+_HALF_DTYPE = re.compile(r"dtype\s*=\s*(tl\.(?:float16|bfloat16)|\b(?:Q|K|V|DO|DQ|DK|DV|O)\.dtype\.element_ty)")
+
+
+def _launched_kernels(results: list, fn) -> list:
+    """(name, Python function) of the Triton kernels the cases launched -- or, where none got as far
+    as launching (a compile error), those the launcher ``fn`` names."""
+    found = {id(l.fn): (l.kernel, l.fn) for r in results for l in r.launch_args or [] if l.fn is not None}
+    if not found:
+        from triton.runtime.jit import JITFunction
+
+        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+        for n in getattr(code, "co_names", ()):
+            k = names.get(n)
+            if isinstance(k, JITFunction):
+                found[id(k)] = (n, k.fn)
+    return list(found.values())
+
+
+def low_precision_accumulators(results: list, fn=None) -> list:
+    """A kernel whose values passed, but whose accumulators (``tl.zeros`` outside the loop) take a
+    16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
+    compile the loop (tl.dot's fp32 result changes the carried variable's type) or, written to
+    compile, sums in half precision. [] unless every case passed (the interpreter) or failed to
+    compile (a GPU), and a launched kernel does it."""
+    import inspect
+
+    def compile_error(e) -> bool:
+        while e is not None:
+            if type(e).__name__ == "CompilationError":
+                return True
+            e = e.__cause__ or e.__context__
+        return False
+
+    compiled_not = bool(results) and all(compile_error(r.error) for r in results)
+    if not results or not (all(r.ok for r in results) or compiled_not):
+        return []
+    for kernel, kernel_fn in _launched_kernels(results, fn):
+        try:
+            source = inspect.getsource(kernel_fn)
+        except (OSError, TypeError):
+            continue
+        for line in source.splitlines():
+            m = _ZEROS.match(line)
+            half = _HALF_DTYPE.search(m.group(2)) if m else None
+            if half:
+                return [Diagnosis(
+                    "accumulator_precision", "an accumulator is made in a 16-bit type",
+                    "A sum over many tiles -- dQ, dK, dV, O -- is kept in tl.float32 and cast to the "
+                    "output's type once, at the store. Triton's CPU interpreter computes a 16-bit "
+                    "tl.zeros in fp32 anyway, so the values pass there; on a GPU the loop does not "
+                    "compile (tl.dot returns fp32, which changes the carried variable's type), and "
+                    "summed in fp16 the gradient would lose its low digits. Make it tl.zeros(..., "
+                    "dtype=tl.float32).",
+                    f"`{line.split('#')[0].strip()}` in {kernel}: dtype {half.group(1)}" +
+                    ("; on this GPU the kernel did not compile" if compiled_not else ""))]
+    return []
 
 
 def _compiled_kernel_line(exc: BaseException) -> str:
@@ -517,8 +577,8 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 res.error_where = where(e)
                 res.inputs_modified = res.inputs_modified or inputs_changed(before, handed) or None
                 res.swapped = getattr(e, "pair", None) or res.swapped
-    result = CheckResult(title, results, diagnose(results, kind, fn), origin, origin_warnings,
-                         learners_warnings(caught))
+    diagnoses = low_precision_accumulators(results, fn) or diagnose(results, kind, fn)
+    result = CheckResult(title, results, diagnoses, origin, origin_warnings, learners_warnings(caught))
     if show:
         if result.ok:
             print("\n".join([result.pass_line()] + [f"  WARNING: {w}" for w in origin_warnings]))
