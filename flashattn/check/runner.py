@@ -71,8 +71,9 @@ def _record(fn, grid, args, kwargs) -> Optional[Launch]:
 
 @contextlib.contextmanager
 def count_triton_launches(record: Optional[list] = None):
-    """Yields a one-element list counting the Triton kernels launched inside the block; each
-    launch's :class:`Launch` is appended to ``record`` if one is given."""
+    """Yields a one-element list counting the Triton kernels launched inside the block (the fast
+    kernels' direct launches too); each launch through Triton's own path has its :class:`Launch`
+    appended to ``record`` if one is given."""
     count = [0]
     if runtime.INTERPRET:
         from triton.runtime import interpreter
@@ -94,11 +95,20 @@ def count_triton_launches(record: Optional[list] = None):
                     record.append(launch)
         return original(self, *args, **kwargs)
 
+    from ..fast.launch import DirectLaunch     # the fast kernels' launches skip JITFunction.run
+    direct = DirectLaunch.__call__
+
+    def counting_direct(self, *args, **kwargs):
+        count[0] += 1
+        return direct(self, *args, **kwargs)
+
     setattr(cls, attr, counting)
+    DirectLaunch.__call__ = counting_direct
     try:
         yield count
     finally:
         setattr(cls, attr, original)
+        DirectLaunch.__call__ = direct
 
 
 @contextlib.contextmanager
