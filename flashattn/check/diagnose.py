@@ -237,8 +237,13 @@ def exactly(ctx, *bases) -> bool:
     return p is not None and ctx.exact and p.id.split("&")[0] in bases
 
 
+def _errors(ctx, kind) -> list:
+    """The cases whose code raised ``kind``."""
+    return [r for r in ctx.results if isinstance(r.error, kind)]
+
+
 def _first_error(ctx, kind):
-    return next((r for r in ctx.results if isinstance(r.error, kind)), None)
+    return next(iter(_errors(ctx, kind)), None)
 
 
 class ShapeError(Exception):

@@ -19,8 +19,8 @@ import re
 import torch
 
 from .battery import BLOCKS
-from .diagnose import (CtxTensors, DtypeError, NoBackwardKernel, NoGradient, ShapeError, _first_error, _ranges,
-                       exactly as _exactly, rule, separating)
+from .diagnose import (CtxTensors, DtypeError, NoBackwardKernel, NoGradient, ShapeError, _errors, _first_error,
+                       _ranges, exactly as _exactly, rule, separating)
 from .exception_ideas import exception_idea, substitution_story
 from .results import Unwritten
 from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, saved_unpacked_otherwise,
@@ -51,7 +51,7 @@ def _not_implemented(ctx):
       "are right, but that backward builds the S_q x S_k matrices the kernels exist to avoid.",
       kinds=("autograd",))
 def _no_backward_kernel(ctx):
-    hits = [r for r in ctx.results if isinstance(r.error, NoBackwardKernel)]
+    hits = _errors(ctx, NoBackwardKernel)
     if not hits:
         return None
     return f"no Triton kernel ran inside backward, in {len(hits)} of {len(ctx.results)} cases"
@@ -66,7 +66,7 @@ def _no_backward_kernel(ctx):
       "collector runs. Plain values (causal, scale) are the ones that go on ctx as attributes.",
       kinds=("autograd",))
 def _ctx_attributes(ctx):
-    hits = [r for r in ctx.results if isinstance(r.error, CtxTensors)]
+    hits = _errors(ctx, CtxTensors)
     if not hits:
         return None
     return (f"forward put {', '.join('ctx.' + n for n in hits[0].error.names)} on ctx, in {len(hits)} of "

@@ -263,21 +263,22 @@ def kernel_not_written(launch) -> bool:
     return False
 
 
-def _not_implemented(e: BaseException):
+def _not_implemented(e: BaseException) -> Optional[str]:
     """The exercise's placeholder: a NotImplementedError raised by a ``raise NotImplementedError``
     line, possibly wrapped by Triton's interpreter or compiler -- not one that PyTorch raises
-    for an operation it lacks (a float tensor &= a bool one). Truthy if so: the name of the
-    function that raised it (where a helper of the learner's is the one left unwritten), or True."""
+    for an operation it lacks (a float tensor &= a bool one). If so, the name of the function
+    that raised it ("" where no frame says: where a helper of the learner's is the one left
+    unwritten, the diagnosis names it); None if not."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, NotImplementedError):
             frames = traceback.extract_tb(e.__traceback__)
             if not frames:
-                return True
-            return (frames[-1].name or True) if "NotImplementedError" in (frames[-1].line or "") else False
+                return ""
+            return frames[-1].name if "NotImplementedError" in (frames[-1].line or "") else None
         seen.add(id(e))
         e = e.__cause__ or e.__context__
-    return False
+    return None
 
 
 #: an accumulator made by tl.zeros in the inputs' 16-bit type: ``name = tl.zeros(..., dtype=...)``
@@ -287,17 +288,11 @@ _HALF_DTYPE = re.compile(r"dtype\s*=\s*(tl\.(?:float16|bfloat16)|\b(?:Q|K|V|DO|D
 
 def _launched_kernels(results: list, fn) -> list:
     """(name, Python function) of the Triton kernels the cases launched -- or, where none got as far
-    as launching (a compile error), those the launcher ``fn`` names."""
-    found = {id(l.fn): (l.kernel, l.fn) for r in results for l in r.launch_args or [] if l.fn is not None}
-    if not found:
-        from triton.runtime.jit import JITFunction
+    as launching (a compile error), those the launcher ``fn`` names (``origin._kernels_used``)."""
+    from .origin import _kernels_used
 
-        code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
-        for n in getattr(code, "co_names", ()):
-            k = names.get(n)
-            if isinstance(k, JITFunction):
-                found[id(k)] = (n, k.fn)
-    return list(found.values())
+    found = {id(l.fn): (l.kernel, l.fn) for r in results for l in r.launch_args or [] if l.fn is not None}
+    return list(found.values()) or [(name, k.fn) for name, k in _kernels_used(fn)]
 
 
 def low_precision_accumulators(results: list, fn=None) -> list:
@@ -308,14 +303,11 @@ def low_precision_accumulators(results: list, fn=None) -> list:
     compile (a GPU), and a launched kernel does it."""
     import inspect
 
-    def compile_error(e) -> bool:
-        while e is not None:
-            if type(e).__name__ == "CompilationError":
-                return True
-            e = e.__cause__ or e.__context__
-        return False
+    from .exception_origins import _chain
 
-    compiled_not = bool(results) and all(compile_error(r.error) for r in results)
+    compiled_not = bool(results) and all(r.error is not None and
+                                         any(type(e).__name__ == "CompilationError" for e in _chain(r.error))
+                                         for r in results)
     if not results or not (all(r.ok for r in results) or compiled_not):
         return []
     for kernel, kernel_fn in _launched_kernels(results, fn):
@@ -579,9 +571,9 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 raise
             except Exception as e:          # noqa: BLE001 -- report any error of the learner's code
                 unwritten_in = _not_implemented(e)
-                if unwritten_in:
+                if unwritten_in is not None:
                     res.error = Unwritten(str(e))
-                    res.error.function = unwritten_in if isinstance(unwritten_in, str) else ""
+                    res.error.function = unwritten_in
                     break                   # every other case would say the same
                 res.error = e
                 res.error_where = where(e)
