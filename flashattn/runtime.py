@@ -35,8 +35,37 @@ def _decide_interpret() -> bool:
     return True
 
 
+def _interpret_triton_library() -> int:
+    """Make Triton's own ``@triton.jit`` helpers interpretable when Triton was imported first.
+
+    Triton decides compiled-or-interpreted when a function is *decorated*. ``tl.zeros``,
+    ``tl.max``, ``tl.sum``... are ``@jit`` functions of ``triton.language`` itself, so a program
+    that imported triton before flashattn switched the interpreter on (``import torch, triton,
+    flashattn``) holds compiled ``JITFunction``s there, and an interpreted kernel calling one
+    fails with "Cannot call @triton.jit'd outside of the scope of a kernel". Each such helper
+    is wrapped once as the interpreter would have wrapped it (the same object for every module
+    that imported it). Returns how many were wrapped."""
+    import sys
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    wrapped = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                if id(value) not in wrapped:
+                    wrapped[id(value)] = InterpretedFunction(value.fn)
+                setattr(module, attr, wrapped[id(value)])
+    return len(wrapped)
+
+
 #: True when the kernels run in Triton's CPU interpreter (decided once, at import).
 INTERPRET: bool = _decide_interpret()
+if INTERPRET and "triton" in __import__("sys").modules:
+    _interpret_triton_library()   # triton came first: its own helpers were made compiled
 
 import torch  # noqa: E402  (after the interpreter decision on purpose)
 import triton  # noqa: E402

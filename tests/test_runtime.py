@@ -90,3 +90,33 @@ def test_next_power_of_2_is_tritons():
 
     ns = list(range(1, 300)) + [1023, 1024, 1025, 2 ** 20 - 1, 2 ** 20, 2 ** 20 + 1]
     assert [runtime.next_power_of_2(n) for n in ns] == [triton.next_power_of_2(n) for n in ns]
+
+
+_TRITON_FIRST = """
+import torch, triton, triton.language as tl   # triton before flashattn, as many scripts do
+import flashattn
+from flashattn import beyond, lazy_attention
+torch.manual_seed(0)
+q, k, v = (torch.randn(1, 2, 40, 16, dtype=torch.float64) for _ in range(3))
+o = flashattn.flash_attention(q, k, v, causal=True)
+ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+assert (o - ref).abs().max() < 1e-10, (o - ref).abs().max()
+o = beyond.flash_attention(q, k, v, causal=True, window=(5, 0))
+o = lazy_attention(q, k, v, torch.zeros(2, 4, dtype=torch.float64), torch.zeros(2, dtype=torch.float64))
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not runtime.INTERPRET, reason="the interpreter is switched on only without a GPU")
+def test_kernels_run_when_triton_was_imported_first():
+    """`import torch, triton, flashattn`: triton.language's own @jit helpers (tl.zeros, tl.max...)
+    were made compiled before flashattn switched the interpreter on; runtime wraps them, else every
+    kernel fails with "Cannot call @triton.jit'd outside of the scope of a kernel" (issue 42: a
+    wheel install tried from a script that imported triton first)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _TRITON_FIRST], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
