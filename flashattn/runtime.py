@@ -20,7 +20,7 @@ import functools
 import math
 import os
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 
 def _decide_interpret() -> bool:
@@ -137,6 +137,26 @@ def where() -> str:
 def default_device() -> torch.device:
     """The device tensors should live on: CUDA when kernels are compiled, CPU in the interpreter."""
     return torch.device("cpu") if INTERPRET else torch.device("cuda")
+
+
+def autocast_inputs(q, k, v):
+    """q, k, v as SDPA sees them under ``torch.autocast``: cast to the autocast dtype of their
+    device type when an autocast region is active there (and they are floating point), else as
+    they came. Both public entry points call it, so they behave alike."""
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+        return q, k, v
+    device_type = q.device.type
+    try:
+        enabled = torch.is_autocast_enabled(device_type)
+    except TypeError:                      # torch < 2.4: one switch per device type
+        enabled = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
+    if not enabled:
+        return q, k, v
+    try:
+        dtype = torch.get_autocast_dtype(device_type)
+    except (AttributeError, TypeError):    # torch < 2.4
+        dtype = torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in (q, k, v))
 
 
 def _bf16_dot_supported(device: torch.device) -> bool:
@@ -382,7 +402,48 @@ def poisoned_outputs(enabled: bool = True):
         _poison = before
 
 
+#: Inside ``guarded_outputs()``: every output made since, as (buffer, first, last), where the
+#: output is buffer[first:last] and the rest of the buffer is a guard a kernel must not touch.
+_guarded: Optional[list] = None
+#: the guards' value: finite and unlikely to be what a stray store writes (NaN is the poison)
+GUARD_VALUE = -1234.5
+#: elements of guard on each side: 512 bytes of fp32, so the output stays 128-byte aligned
+GUARD_ELEMENTS = 128
+
+
+@contextlib.contextmanager
+def guarded_outputs():
+    """Inside this block every output buffer starts as NaN and sits between two guard regions
+    of ``GUARD_VALUE``; :func:`guard_violations` names the outputs whose guards were written
+    (a store past either end). Used by the randomized battery (``flashattn.fuzz``)."""
+    global _guarded
+    before, _guarded = _guarded, []
+    try:
+        with poisoned_outputs():
+            yield _guarded
+    finally:
+        _guarded = before
+
+
+def guard_violations(records: list) -> list[str]:
+    """'shape dtype: N elements written before / after' for every guarded output touched."""
+    bad = []
+    for buffer, first, last, shape in records:
+        before = int((buffer[:first] != GUARD_VALUE).sum())
+        after = int((buffer[last:] != GUARD_VALUE).sum())
+        if before or after:
+            bad.append(f"output {list(shape)} {buffer.dtype}: {before} guard elements written before it, "
+                       f"{after} after it")
+    return bad
+
+
 def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    if _poison:
+    if _guarded is not None and dtype.is_floating_point:
+        n = math.prod(shape)
+        buffer = torch.full((n + 2 * GUARD_ELEMENTS,), GUARD_VALUE, dtype=dtype, device=device)
+        buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + n] = float("nan")
+        _guarded.append((buffer, GUARD_ELEMENTS, GUARD_ELEMENTS + n, tuple(shape)))
+        return buffer[GUARD_ELEMENTS:GUARD_ELEMENTS + n].view(tuple(shape))
+    if _poison and dtype.is_floating_point:
         return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
     return torch.empty(tuple(shape), dtype=dtype, device=device)

@@ -1,0 +1,59 @@
+"""``python -m flashattn.fuzz``: run the randomized battery, print failures with their reproducers."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+from .. import runtime
+from .battery import check_problem, default_workers, one_line, run
+from .problems import FAMILIES, draw
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flashattn.fuzz", description=__doc__)
+    ap.add_argument("--seed", type=int, default=0, help="the battery's seed (default 0)")
+    ap.add_argument("--minutes", type=float, help="time budget")
+    ap.add_argument("--problems", type=int, help="how many problems (default: as many as --minutes allows)")
+    ap.add_argument("--problem", type=int, help="rerun this one problem (a failure's reproducer) and print it")
+    ap.add_argument("--start", type=int, default=0, help="the first problem's index")
+    ap.add_argument("--families", default=",".join(FAMILIES),
+                    help=f"comma-separated, among {', '.join(FAMILIES)}")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes (default: 1 on the CPU, one per two cores on a GPU, at most 12)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the summary as JSON here (a folder: fuzz_<device>_seed<S>.json in it)")
+    args = ap.parse_args(argv)
+    families = tuple(f.strip() for f in args.families.split(",") if f.strip())
+
+    if args.problem is not None:
+        p = draw(args.seed, args.problem, on_gpu=not runtime.INTERPRET, families=families)
+        print(p.reproducer())
+        result = check_problem(p)
+        if result["status"] == "skipped":
+            print(f"SKIPPED: {result['why']}")
+        else:
+            print(result["status"].upper(), *result["failures"], sep="\n  ")
+        return 0 if result["status"] != "fail" else 1
+    if args.minutes is None and args.problems is None:
+        ap.error("give --minutes, --problems or --problem")
+    summary = run(args.seed, problems=args.problems, minutes=args.minutes, families=families,
+                  workers=args.workers or default_workers(), start=args.start)
+    for failure in summary["failures"]:
+        print(f"FAIL {failure['reproducer']}", *failure["failures"], sep="\n     ")
+    print(one_line(summary))
+    if args.out is not None:
+        path = args.out
+        if path.suffix != ".json":
+            device = summary["device"].replace(" ", "_").replace("(", "").replace(")", "")
+            path = path / f"fuzz_{device}_seed{args.seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary, indent=1) + "\n")
+        print(f"wrote {path}")
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The randomized differential battery (flashattn.fuzz): a short budget here, a long one on a GPU.
+
+On the CPU (CI) a fixed set of problems from every family runs in the interpreter; planted bugs
+must be found, with a reproducer that rebuilds the failing problem. On a GPU the same test runs
+more problems at realistic sizes (``python -m flashattn.fuzz --minutes N`` runs many more).
+"""
+import collections
+import dataclasses
+
+import pytest
+import torch
+
+from flashattn import planted, runtime
+from flashattn.fuzz import FAMILIES, check_problem, draw, make_inputs, one_line, run
+from flashattn.fuzz.__main__ import main
+from flashattn.fuzz.problems import DO_LAYOUTS
+
+from conftest import ON_GPU
+
+#: problems per CI run: every family a few times (about a minute on two CPU cores)
+CPU_PROBLEMS, GPU_PROBLEMS = 48, 150
+
+
+def test_a_budget_of_problems_from_every_family_passes():
+    summary = run(seed=2026, problems=GPU_PROBLEMS if ON_GPU else CPU_PROBLEMS, progress=False)
+    print(one_line(summary))
+    assert summary["failed"] == 0, "\n".join(f"{f['reproducer']}\n    " + "\n    ".join(f["failures"])
+                                             for f in summary["failures"])
+    ran = {f for f, c in summary["per_family"].items() if c["pass"]}
+    assert ran >= set(FAMILIES) - {"cuda"}, f"families never run: {set(FAMILIES) - ran}"
+
+
+@pytest.mark.parametrize("bug, family", [
+    ("dq.do_head_stride", "lesson"),            # dO offset with Q's head stride (dQ only)
+    ("dq.store_without_row_mask", "lesson"),    # a store past the end: the guards see it
+    ("dkdv.key_mask_uses_S_q", "lesson"),       # a bound with the other length
+    ("dq.causal_off_by_one", "lesson"),
+    ("lazy.lazy_bwd_dkdv_kernel.do_head_stride", "lazy"),
+])
+def test_planted_bugs_are_found_with_a_reproducer(bug, family, capsys):
+    with planted.plant(bug):
+        summary = run(seed=11, problems=16, families=(family,), progress=False)
+        assert summary["failed"] >= 1, f"{bug} passed {summary['problems']} problems"
+        first = summary["failures"][0]
+        # the reproducer's seed and index rebuild the very problem, which fails again
+        assert first["reproducer"].startswith(
+            f"python -m flashattn.fuzz --seed 11 --problem {first['index']} --families {family}   # ")
+        again = check_problem(draw(11, first["index"], on_gpu=ON_GPU, families=(family,)))
+        assert again["status"] == "fail" and again["problem"] == first["problem"]
+    assert check_problem(draw(11, first["index"], on_gpu=ON_GPU, families=(family,)))["status"] == "pass"
+
+
+def test_a_problem_and_its_inputs_are_rebuilt_from_seed_and_index():
+    for index in range(20):
+        p = draw(5, index, on_gpu=ON_GPU)
+        assert p == draw(5, index, on_gpu=ON_GPU)
+        a, b = make_inputs(p, runtime.default_device()), make_inputs(p, runtime.default_device())
+        for name in a:
+            assert a[name].shape == b[name].shape and a[name].stride() == b[name].stride()
+            assert torch.equal(a[name].float().nan_to_num(7), b[name].float().nan_to_num(7))
+    assert draw(5, 0, on_gpu=ON_GPU) != draw(6, 0, on_gpu=ON_GPU)
+
+
+def test_the_draws_lean_on_the_edges():
+    """Over many draws at GPU sizes: every family, dtype and layout; lengths of 1, odd, multiples
+    of 64 and 128 and one off; head dims from 8 to 256; GQA; S_q != S_k; long sequences."""
+    problems = [draw(1, i, on_gpu=True) for i in range(4000)]
+    lengths = collections.Counter(n for p in problems for n in (p.S_q, p.S_k))
+    assert lengths[1] > 50
+    assert sum(c for n, c in lengths.items() if n % 2) > 1000
+    for unit in (64, 128):
+        for off in (-1, 0, 1):
+            assert sum(c for n, c in lengths.items() if n > unit and (n - off) % unit == 0) > 20, (unit, off)
+    assert max(lengths) > 4000
+    dims = {p.D for p in problems}
+    assert {8, 64, 128, 256} <= dims and len(dims) > 25
+    assert {p.family for p in problems} == set(FAMILIES)
+    assert {p.dtype for p in problems} == {"float16", "bfloat16", "float32"}
+    assert {p.layouts[3] for p in problems} == set(DO_LAYOUTS)
+    assert any(p.H > p.H_kv for p in problems) and any(p.S_q != p.S_k for p in problems)
+    assert any(p.logit_scale > 1 for p in problems) and any(p.dropout_p for p in problems)
+    assert any(p.window is not None for p in problems) and any(p.seqlens for p in problems)
+    assert all(p.work() <= 3 * 2 ** 27 for p in problems)
+
+
+def test_inputs_lie_inside_nan():
+    p = dataclasses.replace(draw(0, 0, on_gpu=False), layouts=("every_other_d", "head_slice", "row_gap", "stride0"))
+    t = make_inputs(p, runtime.default_device())
+    for name in ("q", "k", "v"):
+        assert torch.isfinite(t[name]).all()
+        base = t[name]._base
+        assert base is not None and torch.isnan(base).sum() >= base.numel() - t[name].numel()
+    assert t["do"].stride() == (0, 0, 0, 0)
+
+
+def test_guarded_outputs_name_a_store_past_either_end():
+    with runtime.guarded_outputs() as records:
+        out = runtime.new_output((2, 3), torch.float32, runtime.default_device())
+        assert torch.isnan(out).all()
+        out.fill_(1.0)
+    assert runtime.guard_violations(records) == []
+    buffer, first, last, _ = records[0]
+    buffer[last] = 0.0                          # one element past the end
+    buffer[first - 2] = 5.0                     # two before the start
+    (violation,) = runtime.guard_violations(records)
+    assert "1 guard elements written before it, 1 after it" in violation
+
+
+def test_the_command_line(capsys):
+    assert main(["--problems", "2", "--seed", "3"]) == 0
+    assert " 0 failed, in " in capsys.readouterr().out
+    assert main(["--seed", "3", "--problem", "1", "--families", "lesson"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("python -m flashattn.fuzz --seed 3 --problem 1") and "PASS" in out
+    with pytest.raises(SystemExit):
+        main(["--seed", "3"])                   # no budget given
