@@ -1,0 +1,41 @@
+"""python -m flashattn.run_notebooks: a learner's "Run all", recorded per notebook."""
+import json
+
+import nbformat
+
+from flashattn import run_notebooks
+
+
+def _notebook(path, *cells):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbformat.write(nb, path)
+    return path
+
+
+def test_device_names_become_short_slugs():
+    assert run_notebooks.device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert run_notebooks.device_slug("NVIDIA H200") == "h200"
+    assert run_notebooks.device_slug("Tesla T4") == "t4"
+    assert run_notebooks.device_slug("CPU (Triton interpreter)") == "cpu_triton_interpreter"
+
+
+def test_every_lesson_and_solution_is_listed():
+    names = [p.relative_to(run_notebooks.ROOT).as_posix() for p in run_notebooks.notebooks()]
+    assert "notebooks/07_lazy_attention.ipynb" in names and "solutions/04_dkdv_kernel.ipynb" in names
+    assert not any(n.startswith("exercises/") for n in names)      # they raise by design
+
+
+def test_a_pass_a_failure_and_the_record(tmp_path, monkeypatch):
+    good = _notebook(tmp_path / "good.ipynb", "from pathlib import Path\nassert Path('good.ipynb').exists()")
+    bad = _notebook(tmp_path / "bad.ipynb", "x = 1", "assert x == 2, 'x is not 2'")
+    before = bad.read_text()
+    rows = run_notebooks.run([good, bad], workers=2, progress=False)
+    assert [r["status"] for r in rows] == ["pass", "fail"]
+    assert rows[1]["error"] == "cell 1: AssertionError: x is not 2"
+    assert bad.read_text() == before                       # run in a copy: outputs not written back
+    monkeypatch.setattr(run_notebooks, "notebooks", lambda: [good])
+    assert run_notebooks.main(["--out", str(tmp_path / "rec"), "--workers", "1"]) == 0
+    (written,) = (tmp_path / "rec").glob("*_notebooks_*.json")
+    rec = json.loads(written.read_text())
+    assert rec["passed"] == 1 and rec["failed"] == 0 and {"device", "torch", "triton"} <= set(rec)
+    assert set(rec["rows"][0]) == {"path", "status", "seconds", "error"}
