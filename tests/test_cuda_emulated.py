@@ -23,6 +23,11 @@ from flashattn.verify import per_head_relative_error
 cuda_emulation = pytest.importorskip("cuda_emulation")
 pytestmark = pytest.mark.skipif(cuda_emulation.compiler() is None, reason="g++ is not on PATH")
 EmulatedKernels = cuda_emulation.EmulatedKernels
+#: The checkers' batteries live on flashattn's device: CUDA tensors on a GPU, which the emulator
+#: (CPU threads) cannot read. There the real kernels take the same checks (test_the_gpu_selftest_on_the_real_kernels).
+cpu_checkers = pytest.mark.skipif(not flashattn.INTERPRET, reason="on a GPU the checkers hand the kernels CUDA tensors, "
+                                  "which the CPU emulator cannot read; the real CUDA kernels take the same checks "
+                                  "there (test_the_gpu_selftest_on_the_real_kernels)")
 
 
 def _cuda(checker) -> dict:
@@ -71,6 +76,7 @@ def test_head_dim_128_and_strided_inputs():
         assert _worst(a, e) < 1e-5, name
 
 
+@cpu_checkers
 @pytest.mark.parametrize("tiling", [Tiling(16, 16, 4), Tiling(32, 32, 4)])
 def test_the_course_checkers_pass(tiling):
     emu = EmulatedKernels(tiling=tiling)
@@ -86,6 +92,7 @@ def test_the_course_checkers_pass(tiling):
         assert result.ok, result.report()
 
 
+@cpu_checkers
 def test_the_planted_race_overcounts_dk_by_the_block_shape_and_the_checker_names_it():
     torch.manual_seed(2)
     q, k, v, do = (torch.randn(1, 1, 64, 16) for _ in range(4))
@@ -151,6 +158,7 @@ def test_the_notebook_shows_the_same_buggy_reference_as_the_selftest():
         assert any(body.strip() in c for c in code), f"the notebook's copy of {fn.__name__} differs"
 
 
+@cpu_checkers
 def test_the_package_launchers_end_to_end_on_an_emulated_binding(monkeypatch):
     """cuda_appendix.Kernels (validation, default tiling, output allocation, the calls into the
     binding) around an emulated extension: everything of the Python side except the device."""
@@ -172,6 +180,7 @@ def test_the_package_launchers_end_to_end_on_an_emulated_binding(monkeypatch):
 
 
 
+@cpu_checkers
 def test_the_gpu_selftest_itself_on_emulated_kernels(monkeypatch, capsys):
     """python -m flashattn.cuda_appendix --selftest, run here with the emulator standing in for
     the GPU build (fewer shapes, no timing): its own logic must hold before anyone runs it on an
@@ -187,6 +196,17 @@ def test_the_gpu_selftest_itself_on_emulated_kernels(monkeypatch, capsys):
         real = getattr(check, name)
         if "kernel_language" not in inspect.signature(real).parameters:
             monkeypatch.setattr(check, name, lambda *a, _f=real, kernel_language=None, **kw: _f(*a, **kw))
+    assert cuda_selftest.selftest(timing=False)
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and out.strip().splitlines()[-1].startswith("SELFTEST PASS"), out[-3000:]
+
+
+@pytest.mark.skipif(cuda_appendix.why_unavailable() is not None,
+                    reason=f"the real CUDA kernels cannot be built here: {cuda_appendix.why_unavailable()}")
+def test_the_gpu_selftest_on_the_real_kernels(capsys):
+    """On a GPU with nvcc: ``python -m flashattn.cuda_appendix --selftest`` itself (no timing): the
+    real kernels against the float64 reference, the course's checkers on them, both bugs of the
+    lesson named -- what the emulated tests above check on the CPU."""
     assert cuda_selftest.selftest(timing=False)
     out = capsys.readouterr().out
     assert "FAIL" not in out and out.strip().splitlines()[-1].startswith("SELFTEST PASS"), out[-3000:]
