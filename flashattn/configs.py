@@ -72,7 +72,9 @@ INTERPRETER_FAST_CONFIGS = {"fast_fwd": _c(32, 16, 1, 1), "fast_dq": _c(32, 16, 
                             "fast_pieces": _c(16, 32, 1, 1)}
 
 # Candidates per kernel, best first. The last of each list is small enough for D = 256 or a
-# 64 KB-shared-memory GPU.
+# 64 KB-shared-memory GPU. (fp32 at D = 256 needs the fast kernels' 16 x 16 tail: its products split
+# every operand tile into bf16 pieces, 2.5x the estimate below; the randomized battery found every
+# larger tile refused on an H200, "Required: 245760, Hardware limit: 232448".)
 CANDIDATES: dict[str, list[KernelConfig]] = {
     # the lesson kernels: the two-kernel backward anchor of the course is 64 x 64, 4 warps,
     # 3 stages; the forward likes a taller Q tile
@@ -84,18 +86,18 @@ CANDIDATES: dict[str, list[KernelConfig]] = {
     # kernels need the inner tile to divide the outer one (dq: BLOCK_N | BLOCK_M; dkdv:
     # BLOCK_M | BLOCK_N) so that the causal diagonal falls on whole inner tiles.
     "fast_fwd": [_c(128, 64, 4, 3), _c(128, 64, 8, 3), _c(128, 128, 8, 3), _c(128, 128, 8, 2),
-                 _c(64, 64, 4, 3), _c(128, 32, 8, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1)],
+                 _c(64, 64, 4, 3), _c(128, 32, 8, 3), _c(64, 32, 4, 2), _c(32, 32, 4, 1), _c(16, 16, 2, 1)],
     "fast_dq": [_c(128, 64, 8, 3), _c(128, 64, 8, 2), _c(128, 32, 4, 3), _c(64, 64, 4, 3),
-                _c(128, 64, 4, 3), _c(128, 64, 8, 1), _c(32, 32, 4, 3), _c(64, 32, 4, 1)],
+                _c(128, 64, 4, 3), _c(128, 64, 8, 1), _c(32, 32, 4, 3), _c(64, 32, 4, 1), _c(16, 16, 2, 1)],
     "fast_dkdv": [_c(64, 128, 8, 2), _c(32, 128, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 3),
                   _c(64, 64, 4, 3), _c(64, 128, 4, 3), _c(64, 128, 8, 3), _c(32, 32, 4, 3), _c(32, 32, 4, 2),
-                  _c(32, 64, 4, 1)],
+                  _c(32, 64, 4, 1), _c(16, 16, 2, 1)],
     # dK and dV by a launch each, at a padded head dim of 256 (``fast.tuning.dkdv_parts``): one
     # fp32 accumulator of [BLOCK_N, 256] leaves room for taller tiles with one stage
     "fast_dk": [_c(64, 128, 8, 1), _c(16, 64, 4, 3), _c(64, 64, 4, 2), _c(32, 64, 4, 2), _c(32, 32, 4, 2),
-                _c(32, 64, 4, 1)],
+                _c(32, 64, 4, 1), _c(16, 16, 2, 1)],
     "fast_dv": [_c(32, 64, 4, 2), _c(16, 64, 4, 3), _c(64, 128, 8, 1), _c(64, 64, 4, 2), _c(32, 32, 4, 2),
-                _c(32, 64, 4, 1)],
+                _c(32, 64, 4, 1), _c(16, 16, 2, 1)],
     # the fused dK/dV + dQ kernel on fp32 inputs as bf16 pieces (``fast/pieces.py``): three
     # planes of every tile it keeps or streams
     "fast_pieces": [_c(64, 64, 4, 1), _c(64, 128, 8, 1), _c(64, 64, 4, 2), _c(128, 128, 8, 1), _c(32, 64, 4, 1),

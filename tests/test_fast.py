@@ -416,3 +416,19 @@ def test_fp32_pieces_keep_fp32_accuracy(shape, causal):
     ref = reference(q, k, v, do, causal=causal)
     for name in ("O", "dQ", "dK", "dV"):
         assert_close_per_head(name, got[name], ref[name], 2e-6)
+
+
+def test_the_backward_kernels_multiply_fp32_with_tf32x3_not_bf16_splits(monkeypatch):
+    """Triton 3.6 miscompiles the bf16 splits of fp32 products in the two backward kernels on
+    Hopper (illegal shared-memory accesses found by flashattn.fuzz under compute-sanitizer): the
+    backward takes tf32x3 there, the forward keeps the default; the fused kernel on bf16 pieces is
+    not concerned."""
+    from flashattn.fast import tuning
+
+    q = torch.empty(1, 1, 8, 64, dtype=torch.float32)
+    for choice in ("bf16x6", "bf16x3"):
+        monkeypatch.setattr(flashattn.runtime, "fast_dot_precision", lambda dtype, c=choice: c)
+        assert tuning.constants(q, False)["DOT_PRECISION"] == choice
+        assert tuning.constants(q, False, backward=True)["DOT_PRECISION"] == "tf32x3"
+    monkeypatch.setattr(flashattn.runtime, "fast_dot_precision", lambda dtype: "tf32")
+    assert tuning.constants(q, True, backward=True)["DOT_PRECISION"] == "tf32"      # TF32 allowed: kept

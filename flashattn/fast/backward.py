@@ -521,7 +521,8 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     tma_stats = tma and not varlen and tuning.tma_stats_ready(lse)
     if tma and not warmup:
         tuning.ensure_allocator()     # in this (launching) thread: descriptors need a scratch buffer
-    meta = dict(tuning.constants(q, causal), WINDOW=window_args[0], VARLEN=varlen, DROPOUT=dropout_p > 0)
+    meta = dict(tuning.constants(q, causal, backward=not pieces), WINDOW=window_args[0], VARLEN=varlen,
+                DROPOUT=dropout_p > 0)
     # split head dim for the two kernels (the fused one keeps the padded tile): main 128 + tail
     tail = 0 if fused else tuning.head_dim_tail(D)
     assert not (tail and tma), "TMA loads are for D = 128 only; the split is for 128 < D <= 192"

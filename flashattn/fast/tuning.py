@@ -279,15 +279,22 @@ def fused_by_default(q, plain: bool) -> bool:
     return fp32_pieces(q, plain) or (not runtime.INTERPRET and runtime.fast_dot_precision(q.dtype) in ("tf32", "bf16x3"))
 
 
-def constants(q, causal: bool) -> dict:
-    """The compile-time arguments every fast kernel takes, for inputs like ``q``."""
+def constants(q, causal: bool, backward: bool = False) -> dict:
+    """The compile-time arguments every fast kernel takes, for inputs like ``q`` (``backward``:
+    for the two backward kernels, dQ and dK/dV)."""
     D = q.shape[-1]
     block_d = runtime.head_dim_block(D)
     precision = runtime.fast_dot_precision(q.dtype)
-    if precision.startswith("bf16") and block_d < 32:
-        # triton 3.6, H100: at 16 columns with a stride-0 dO (the gradient of out.sum()) the bf16
-        # split of dP^T = V dO^T came out NaN / 1e36 in dK (D >= 32 measured right); such small
-        # heads cost nothing in speed, so they keep three TF32 products
+    if precision.startswith("bf16") and (block_d < 32 or backward):
+        # Triton 3.6 on Hopper miscompiles the bf16 splits (bf16x6, bf16x3) of fp32 products in the
+        # backward kernels: the randomized battery (flashattn.fuzz) found illegal shared-memory
+        # accesses under compute-sanitizer in fast_dq_kernel and fast_dkdv_kernel (H200; e.g. fp32
+        # S_q = S_k = 1, D = 24 or 128; S = 3520, D = 72 with a window), at every pipeline depth
+        # (one stage: NaN / garbage instead), and clean runs with tf32x3 and ieee. (An earlier
+        # sign: at 16 columns with a stride-0 dO the split of dP^T = V dO^T came out NaN / 1e36 in
+        # dK, on an H100.) So the two backward kernels, and any kernel at 16 columns, multiply fp32
+        # with three TF32 products: the same fp32 accuracy class, about 20% slower. The fused
+        # backward on bf16 pieces (pieces.py) multiplies bf16 tiles and is not affected.
         precision = "tf32x3"
     return dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PRECISION=precision)
 
