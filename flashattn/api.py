@@ -19,20 +19,6 @@ from . import beyond, fast, ops, runtime
 IMPLEMENTATIONS = ("auto", "fast", "teaching")
 
 
-def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The dtype autocast would run SDPA in here, or None outside an autocast region."""
-    try:
-        enabled = torch.is_autocast_enabled(device_type)
-    except TypeError:                      # torch < 2.4: one switch per device type
-        enabled = torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
-    if not enabled:
-        return None
-    try:
-        return torch.get_autocast_dtype(device_type)
-    except (AttributeError, TypeError):    # torch < 2.4
-        return torch.get_autocast_gpu_dtype() if device_type == "cuda" else torch.get_autocast_cpu_dtype()
-
-
 def _run(q, k, v, causal: bool, scale: float, impl: str) -> torch.Tensor:
     """Validated 4-D inputs -> O, in the inputs' dtype, through the operators."""
     kernel_dtype = runtime.compute_dtype(q.dtype, q.device)   # warns if bf16 must run in fp32
@@ -64,8 +50,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     GPU, the lesson ones in the CPU interpreter.
 
     bf16 where it cannot be multiplied (the CPU interpreter, GPUs before sm 8.0) runs in fp32
-    and is cast back, with a :class:`~flashattn.runtime.BF16FallbackWarning`.
+    and is cast back, with a :class:`~flashattn.runtime.BF16FallbackWarning`. Under
+    ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
     """
+    q, k, v = runtime.autocast_inputs(q, k, v)
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.validate_causal(causal)
     scale = runtime.validate_scale(scale, q.shape[-1])
@@ -114,9 +102,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if query.shape[:-3] != key.shape[:-3] or key.shape[:-1] != value.shape[:-1]:
         raise ValueError(f"the leading dimensions must match: query {tuple(query.shape)}, "
                          f"key {tuple(key.shape)}, value {tuple(value.shape)}")
-    cast = _autocast_dtype(query.device.type)
-    if cast is not None and query.is_floating_point():
-        query, key, value = query.to(cast), key.to(cast), value.to(cast)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     lead = query.shape[:-3]
 

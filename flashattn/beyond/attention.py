@@ -134,6 +134,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     ``impl``: "teaching" (lesson 09's kernels), "fast" (the tuned ones), "auto" (fast on a GPU).
     ``config``: one tile for every kernel (default: each kernel's own choice).
     """
+    q, k, v = runtime.autocast_inputs(q, k, v)        # as SDPA (and flashattn.flash_attention) cast them
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.validate_causal(causal)
     scale = runtime.validate_scale(scale, q.shape[-1])
