@@ -390,6 +390,16 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="instead of the grid: the CPU's time per call at a tiny shape (B1 H2 S128 D128, "
                          "causal), where the GPU waits on the host; flashattn with and without its direct "
                          "launch next to SDPA's cuDNN and flash backends, taken in turn call by call")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="instead of the grid: one drop-in call's host time, layer by layer, at four small "
+                         "shapes (bf16, causal); writes host_profile_<device>.md")
+    ap.add_argument("--train", action="store_true",
+                    help="instead of the grid: training steps of a GPT-2-small-like and a Llama-like block "
+                         "stack, eager and torch.compile, flashattn against torch's SDPA (default backend, "
+                         "cuDNN, FlashAttention-2), in turn; writes train_<device>.json")
+    ap.add_argument("--train-models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
+    ap.add_argument("--train-modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    ap.add_argument("--train-steps", type=int, default=20, help="steps per provider per round (--train)")
     ap.add_argument("--groups", nargs="+", default=None,
                     help="with --dropin: only the groups starting with these words (e.g. fp32 autocast), "
                          "and no first-call times")
@@ -403,7 +413,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.providers = [p for p in args.providers if p in ("flashattn", "flashattn-fast", "sdpa-flash", "naive")]
         if runtime.INTERPRET:  # the fast path is for GPUs (fp16/bf16 tensor cores)
             args.providers = [p for p in args.providers if p != "flashattn-fast"]
-    elif runtime.INTERPRET and not (args.dropin or args.host):   # those two say why themselves
+    elif runtime.INTERPRET and not (args.dropin or args.host or args.train or args.host_profile):   # those say why themselves
         print("No GPU: the full benchmark would take hours in Triton's interpreter and measure "
               "nothing useful. Run it on a GPU, or use --quick to try the machinery here.",
               file=sys.stderr)
@@ -418,6 +428,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return _main_dropin(args, env, argv)
     if args.host:
         return _main_host(args, env, argv)
+    if args.train:
+        return _main_train(args, env, argv)
+    if args.host_profile:
+        return _main_host_profile(args, env, argv)
     out, stem = _output(args, env, argv, "bench_")
     print(f"benchmarking on {env['where']}")
     if not args.no_precompile and any(p.startswith("flashattn-") for p in args.providers):
@@ -487,6 +501,42 @@ def _main_host(args, env, argv) -> int:
     rows = bench_host.run()
     (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1))
     print(bench_host.format_table(rows))
+    print(f"\nwrote {out / (stem + '.json')}")
+    return 0
+
+
+def _main_host_profile(args, env, argv) -> int:
+    from . import bench_host
+    from .run_notebooks import device_slug
+
+    if runtime.INTERPRET:
+        print("No GPU: --host-profile measures how long the CPU takes to launch GPU kernels.", file=sys.stderr)
+        return 2
+    out, _ = _output(args, env, argv, "host_profile_")
+    stem = args.name or f"host_profile_{device_slug(env['device'])}"
+    tables = {shape: bench_host.profile_layers(*shape) for shape in bench_host.PROFILE_SHAPES}
+    text = bench_host.profile_markdown(tables, env)
+    (out / f"{stem}.md").write_text(text)
+    print(text)
+    print(f"wrote {out / (stem + '.md')}")
+    return 0
+
+
+def _main_train(args, env, argv) -> int:
+    from . import bench_train
+    from .run_notebooks import device_slug
+
+    if runtime.INTERPRET and not args.quick:
+        print("No GPU: --train times training steps on a GPU (--quick runs tiny models anywhere).", file=sys.stderr)
+        return 2
+    out, _ = _output(args, env, argv, "train_")
+    stem = args.name or f"train_{device_slug(env['device'])}"
+    rows = bench_train.run(models=args.train_models, modes=args.train_modes,
+                           providers=bench_train.PROVIDERS if not runtime.INTERPRET else ("torch-sdpa",),
+                           steps=2 if args.quick else args.train_steps, rounds=args.rounds,
+                           warmup=1 if args.quick else 5, quick=args.quick)
+    (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
+    print(bench_train.format_table(rows))
     print(f"\nwrote {out / (stem + '.json')}")
     return 0
 

@@ -123,3 +123,96 @@ def format_table(rows: list[dict]) -> str:
         else:
             lines.append(f"{r['call']:<9}{r['provider']:<17}{r['median_us']:>11.1f}{r['p10_us']:>9.1f}")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# where one call's host time goes, layer by layer (python -m flashattn.bench --host-profile)
+# --------------------------------------------------------------------------------------
+#: the shapes a practitioner met (bf16, causal): small ones, where the host's share decides
+PROFILE_SHAPES = ((8, 12, 256, 64), (16, 12, 512, 64), (8, 16, 1024, 64), (4, 32, 2048, 128))
+
+
+def _per_call_us(fn, calls: int = 500, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the host's microseconds per call, the GPU synchronised only
+    between repeats (so at these shapes its queue keeps up and the clock reads the host)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        times.append((t1 - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def profile_layers(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list[tuple[str, float]]:
+    """(layer, microseconds per call) for one causal call of the drop-in, from the outside in:
+    each row times the call from that layer down, so a row minus the next is that layer's own
+    share. torch's SDPA and an empty ``autograd.Function`` are timed beside it for scale."""
+    import torch.nn.functional as F
+
+    from . import api, ops, runtime
+    from .fast import backward as fast_bwd, forward as fast_fwd
+
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+    qd, kd, vd = (t.detach() for t in (q, k, v))
+    scale = D ** -0.5
+    o, lse = fast_fwd.fast_attention_forward(qd, kd, vd, True, scale)
+
+    class Empty(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            ctx.save_for_backward(a, b, c)
+            return a.view_as(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, None, None
+
+    def dropin():
+        return api.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    rows = [
+        ("torch SDPA: forward + backward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)),
+        ("flashattn drop-in: forward + backward", lambda: dropin().backward(do)),
+        ("torch SDPA: forward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        ("flashattn.scaled_dot_product_attention (forward)", dropin),
+        ("  api.flash_attention", lambda: api.flash_attention(q, k, v, causal=True)),
+        ("    ops.attention (after validation and dispatch)", lambda: ops.attention(q, k, v, True, scale, "fast")),
+        ("      EagerAttention.apply (the autograd node)", lambda: ops.EagerAttention.apply(q, k, v, True, scale, "fast")),
+        ("        ops.forward_kernels (forward + backward prepared)", lambda: ops.forward_kernels(qd, kd, vd, True, scale, "fast")),
+        ("          fast_attention_forward (outputs + launch)", lambda: fast_fwd.fast_attention_forward(qd, kd, vd, True, scale)),
+        ("          two outputs (runtime.new_output x2)", lambda: (runtime.new_output(q.shape, dtype, q.device),
+                                                                  runtime.new_output(q.shape[:3], torch.float32, q.device))),
+        ("ops.backward_kernels (the backward node's body)", lambda: ops.backward_kernels(
+            do, qd, kd, vd, o, lse, True, scale, "fast", True, True)),
+        ("  fast_attention_backward", lambda: fast_bwd.fast_attention_backward(qd, kd, vd, o, do, lse, True, scale)),
+        ("    backward_delta (delta kernel)", lambda: fast_bwd.backward_delta(o, do)),
+        ("    delta + dQ kernel", lambda: fast_bwd.fast_attention_backward(qd, kd, vd, o, do, lse, True, scale, True, False)),
+        ("empty autograd.Function: forward", lambda: Empty.apply(q, k, v)),
+        ("empty autograd.Function: forward + backward", lambda: Empty.apply(q, k, v).backward(do)),
+        ("torch.empty (one allocation)", lambda: torch.empty(q.shape, dtype=dtype, device=q.device)),
+    ]
+    return [(name, round(_per_call_us(fn, calls=200 if "backward" in name else 500), 1)) for name, fn in rows]
+
+
+def profile_markdown(tables: dict, env: dict) -> str:
+    """The committed table: one column per shape."""
+    shapes = list(tables)
+    names = [name for name, _ in tables[shapes[0]]]
+    head = "| layer (us per call, host) | " + " | ".join(f"B{b} H{h} S{s} D{d}" for b, h, s, d in shapes) + " |"
+    lines = [f"# Where one attention call's host time goes ({env['device']})", "",
+             f"`{env.get('command', 'python -m flashattn.bench --host-profile')}`; torch {env['torch']}, "
+             f"triton {env['triton']}, {env['date']}. bf16, causal. Each row times the call from that "
+             "layer down (median of 5 x 200-500 calls, the GPU synchronised between repeats), so a row "
+             "minus the one below it is that layer's own share. The first two rows are what a training "
+             "loop pays per attention layer and step when the GPU keeps up.", "", head,
+             "| --- |" + " --- |" * len(shapes)]
+    for i, name in enumerate(names):
+        lines.append(f"| {name.strip()} | " + " | ".join(f"{tables[s][i][1]:.1f}" for s in shapes) + " |")
+    return "\n".join(lines) + "\n"
