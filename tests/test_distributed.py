@@ -6,6 +6,8 @@ case; each case is reported as a test of its own.
 The GPU twin, NCCL on 2 and 4 GPUs at realistic sizes, is tests/test_distributed_gpu.py
 (``python -m flashattn.distributed.selftest``).
 """
+import json
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -189,3 +191,63 @@ def test_merge_is_safe_far_apart():
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert torch.allclose(out[0, 0, 0], torch.ones(4)) and torch.allclose(out[0, 0, 1], torch.full((4,), 3.0))
     assert lse[0, 0, 0] == 1e4 and lse[0, 0, 1] == 0.0
+
+
+# --------------------------------------------------------------------------------------
+# the GPU side's plumbing, on the CPU: the benchmark (gloo, the interpreter), its arithmetic,
+# the self-test's report
+# --------------------------------------------------------------------------------------
+def test_bench_runs_end_to_end_on_the_cpu(tmp_path):
+    from flashattn.distributed import bench
+
+    assert bench.main(["--dry-run-cpu", "--quick", "--out", str(tmp_path), "--name", "dry"]) == 0
+    result = json.loads((tmp_path / "dry.json").read_text())
+    measured = {(r["world"], r["provider"], r["S"]) for r in result["rows"] if "ms" in r}
+    assert measured == {(1, "ring", 32), (1, "flashattn", 32), (1, "ring", 64), (1, "flashattn", 64),
+                        (2, "ring", 32), (2, "ring", 64)}, result["rows"]
+    assert {(o["world"], o["S"]) for o in result["overlap"]} == {(2, 32), (2, 64)}
+    assert all("efficiency" in r for r in result["rows"] if "ms" in r)
+    assert result["environment"]["command"].startswith("python -m flashattn.distributed.bench")
+    assert "device" in result["environment"] and not result["errors"]
+
+
+def test_search_longest():
+    from flashattn.distributed.bench import search_longest
+
+    fits_below = lambda limit: (lambda S: (S < limit, 1000.0 * (S / 1024) ** 2 / 64))   # noqa: E731
+    found = search_longest(fits_below(600 * 1024), 128 * 1024, 4096, limit_s=1e9)
+    assert [t["S"] // 1024 for t in found["tried"]] == [128, 256, 512, 1024, 768]
+    assert found["longest_S"] == 512 * 1024 and "out of memory at S = 786432" in found["stopped_by"]
+    found = search_longest(fits_below(10 ** 9), 128 * 1024, 4096, limit_s=2000)
+    assert found["longest_S"] == 256 * 1024 and found["stopped_by"].startswith("time limit")
+    assert search_longest(fits_below(1), 1024, 1024, 1e9)["longest_S"] is None
+
+
+def test_bench_arithmetic():
+    from flashattn.distributed.bench import efficiency, format_table, memory_fit
+
+    rows = [dict(world=w, provider=p, S=S, S_local=S // w, ms=ms, peak_gb=1 + S / w / 1e4, tokens_per_s_per_gpu=1.0,
+                 tflops_per_gpu=1.0)
+            for w, p, S, ms in [(1, "ring", 8192, 100.0), (2, "ring", 8192, 55.0), (2, "cp-cudnn", 8192, 44.0),
+                                (1, "ring", 16384, 400.0), (2, "ring", 16384, 205.0)]]
+    rows = efficiency(rows)
+    two = {(r["S"], r["provider"]): r for r in rows if r["world"] == 2}
+    assert two[8192, "ring"]["efficiency"] == pytest.approx(100 / 110)
+    assert two[8192, "ring"]["speed_vs_cp-cudnn"] == pytest.approx(44 / 55)
+    fit = {f["world"]: f for f in memory_fit(rows, gpu_memory_gb=80)}
+    assert fit[1]["gb_fixed"] == pytest.approx(1) and fit[1]["estimated_longest_S"] == int((76 - 1) * 1e4)
+    table = format_table({"rows": rows, "memory_fit": list(fit.values())})
+    assert "91%" in table and "0.80x" in table and "estimated longest" in table
+
+
+def test_selftest_report():
+    from flashattn.distributed import selftest
+
+    cases = [case(S=16, dtype=torch.bfloat16)]
+    errors = {t: torch.full((1, 2), 1e-3) for t in ("O", "dQ", "dK", "dV", "O gathered")}
+    errors.update({f"one device: {t}": torch.full((1, 2), 2e-3) for t in ("O", "dQ", "dK", "dV")})
+    good = selftest.report(2, cases, [{case_name(cases[0]): errors}] * 2, 1.0, "GPU")
+    assert good.ok and good.text.splitlines()[-1].startswith("PASS")
+    errors["dK"] = torch.tensor([[1e-3, 0.5]])
+    bad = selftest.report(2, cases, [{case_name(cases[0]): errors}] * 2, 1.0, "GPU")
+    assert not bad.ok and "FAIL" in bad.text.splitlines()[1]

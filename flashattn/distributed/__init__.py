@@ -13,6 +13,8 @@ Lesson 11 (``notebooks/11_ring_attention.ipynb``) tells the story.
     shards    shard / unshard: a whole tensor to this rank's shard and back
     workers   spawn processes with a process group each (tests, the notebook) and the checks
               they run against single-process attention
+    selftest  python -m flashattn.distributed.selftest: NCCL on 2 and 4 GPUs against one GPU
+    bench     python -m flashattn.distributed.bench: 1, 2, 4 GPUs next to PyTorch's context_parallel
 """
 from .layout import LAYOUTS, block_plan, positions, work_per_rank
 from .ring import RingAttentionFunction, merge_, ring_attention

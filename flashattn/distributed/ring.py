@@ -166,7 +166,7 @@ def ring_backward(ring: Ring, do, q, k, v, out, lse, causal: bool, scale: float,
     delta = attention_backward_delta(out, do) if kernels == "teaching" and compute else None
     acc = runtime.stats_dtype(q.dtype)                     # fp32 (fp64 for fp64 inputs)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dkv_requests = None
+    dk_in = dv_in = dkv_requests = None                 # dK/dV arriving from rank r - 1
     for step in range(W):
         source = (r - step) % W
         passing = communicate and step + 1 < W

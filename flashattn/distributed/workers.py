@@ -94,10 +94,12 @@ def reference(q, k, v, do, causal: bool):
     return out
 
 
-def run_case(c: dict, group=None, device=None) -> dict:
+def run_case(c: dict, group=None, device=None, one_device: bool = False) -> dict:
     """On every rank of ``group``: the case's whole inputs (the same on every rank: one seed),
     the float64 reference, ring attention on this rank's shard; returns ``{tensor: [B, H] relative
-    error per head of this rank's shard}`` (see ``flashattn.verify.per_head_relative_error``)."""
+    error per head of this rank's shard}`` (see ``flashattn.verify.per_head_relative_error``).
+    ``one_device``: also ``"one device: O"``, ... , the errors of ``flashattn.flash_attention`` run
+    on the whole sequence on this rank's device, on the same rows (what one GPU gets)."""
     from ..verify import per_head_relative_error
     from .ring import ring_attention
     from .shards import shard, unshard
@@ -123,6 +125,16 @@ def run_case(c: dict, group=None, device=None) -> dict:
     # and the whole output gathered back from every rank's shard
     whole = unshard(o_s.detach(), group, c["layout"])
     errors["O gathered"] = per_head_relative_error(whole.double().cpu(), ref["O"].cpu(), floor=0.1)
+    if one_device:
+        from ..api import flash_attention
+
+        q1, k1, v1 = (t.detach().requires_grad_() for t in (q, k, v))
+        with _quiet_bf16():
+            o1 = flash_attention(q1, k1, v1, causal=c["causal"], impl=c["impl"])
+            o1.backward(do)
+        for name, t in (("O", o1), ("dQ", q1.grad), ("dK", k1.grad), ("dV", v1.grad)):
+            errors[f"one device: {name}"] = per_head_relative_error(cut(t.detach()).double().cpu(),
+                                                                    cut(ref[name]).cpu(), floor=0.1)
     return errors
 
 
@@ -167,6 +179,7 @@ def pass_line(results: list, cases: list) -> str:
     for c in cases:
         name = case_name(c)
         tol = tolerance(c["dtype"])
+        errors[name] = {t: e for t, e in errors[name].items() if not t.startswith("one device")}
         bad = {t: e for t, e in errors[name].items() if not e <= tol}
         ok &= not bad
         shown = "  ".join(f"{t} {e:.1e}" for t, e in errors[name].items())
