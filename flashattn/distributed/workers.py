@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import math
+import os
 import socket
 import tempfile
 from pathlib import Path
@@ -51,12 +52,26 @@ def _entry(rank: int, fn, world: int, port: int, backend: str, folder: str, time
 def spawn(fn, world: int, *args, backend: str = "gloo", timeout_s: float = 120.0) -> list:
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each run in a process of its own
     inside one process group of ``world`` ranks. A rank that raises makes this raise (with its
-    traceback); a collective that waits longer than ``timeout_s`` fails instead of hanging."""
+    traceback); a collective that waits longer than ``timeout_s`` fails instead of hanging.
+
+    gloo moves CPU tensors, so its processes see no GPU and run the kernels in Triton's
+    interpreter, also on a GPU machine (``CUDA_VISIBLE_DEVICES`` empty, ``TRITON_INTERPRET=1`` in
+    their environment); NCCL's get one GPU each."""
     import torch.multiprocessing as mp
 
+    child_env = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"} if backend == "gloo" else {}
+    saved = {name: os.environ.get(name) for name in child_env}
     with tempfile.TemporaryDirectory(prefix="flashattn_ring_") as folder:
-        mp.start_processes(_entry, args=(fn, world, free_port(), backend, folder, timeout_s, args),
-                           nprocs=world, join=True, start_method="spawn")
+        try:
+            os.environ.update(child_env)          # a spawned process starts with this process's environment
+            mp.start_processes(_entry, args=(fn, world, free_port(), backend, folder, timeout_s, args),
+                               nprocs=world, join=True, start_method="spawn")
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         return [torch.load(Path(folder) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -104,8 +119,9 @@ def run_case(c: dict, group=None, device=None, one_device: bool = False) -> dict
     from .ring import ring_attention
     from .shards import shard, unshard
 
-    device = device or (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
-                        else torch.device("cpu"))
+    from .. import runtime
+
+    device = device or (torch.device("cpu") if runtime.INTERPRET else torch.device("cuda", torch.cuda.current_device()))
     gen = torch.Generator().manual_seed(c["seed"])
     B, H, H_kv, S, D = c["B"], c["H"], c["H_kv"], c["S"], c["D"]
     q, do = (torch.randn(B, H, S, D, generator=gen) for _ in range(2))
