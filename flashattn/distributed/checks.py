@@ -74,6 +74,10 @@ def _local_checks(q, k, v, group, is_causal, scale, layout):
     backend = dist.get_backend(group)
     if not backend_carries(backend, q.device.type):
         raise ValueError(_describe_device_error(backend, q.device))
+    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
+        raise ValueError(f"the shards are on {q.device} but this process's current GPU is "
+                         f"cuda:{torch.cuda.current_device()}: one GPU per rank, made current before the ring "
+                         f"(torch.cuda.set_device({q.device.index}), or the shards on cuda:{torch.cuda.current_device()})")
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"ring attention is self-attention over one sequence: the K/V shard must be as long as "
                          f"the query shard, got S_local = {q.shape[2]} for q and {k.shape[2]} for k and v")
