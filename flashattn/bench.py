@@ -381,24 +381,27 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--name", default=None, help="file stem (default: bench_<device>)")
     ap.add_argument("--quick", action="store_true",
                     help="a tiny grid that runs anywhere, the CPU interpreter included")
+    modes = ap.add_mutually_exclusive_group()
     ap.add_argument("--ablation", action="store_true",
                     help="also measure what each optimisation of the fast path buys (S=4096)")
-    ap.add_argument("--dropin", action="store_true",
+    modes.add_argument("--dropin", action="store_true",
                     help="instead of the grid: what SDPA users meet (head dims 80-256, GQA, S_q != S_k, "
                          "fp32, autocast, first-call time), flashattn next to SDPA's backends")
-    ap.add_argument("--host", action="store_true",
+    modes.add_argument("--host", action="store_true",
                     help="instead of the grid: the CPU's time per call at a tiny shape (B1 H2 S128 D128, "
                          "causal), where the GPU waits on the host; flashattn with and without its direct "
                          "launch next to SDPA's cuDNN and flash backends, taken in turn call by call")
-    ap.add_argument("--host-profile", action="store_true",
+    modes.add_argument("--host-profile", action="store_true",
                     help="instead of the grid: one drop-in call's host time, layer by layer, at four small "
                          "shapes (bf16, causal); writes host_profile_<device>.md")
-    ap.add_argument("--train", action="store_true",
+    modes.add_argument("--train", action="store_true",
                     help="instead of the grid: training steps of a GPT-2-small-like and a Llama-like block "
                          "stack, eager and torch.compile, flashattn against torch's SDPA (default backend, "
                          "cuDNN, FlashAttention-2), in turn; writes train_<device>.json")
-    ap.add_argument("--train-models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"])
-    ap.add_argument("--train-modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    ap.add_argument("--train-models", nargs="+", default=["gpt2", "llama"], choices=["gpt2", "llama"],
+                    help="with --train: the GPT-2-small-like and/or the Llama-like stack (default: both)")
+    ap.add_argument("--train-modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"],
+                    help="with --train: eager and/or torch.compile (default: both)")
     ap.add_argument("--train-steps", type=int, default=20, help="steps per provider per round (--train)")
     ap.add_argument("--groups", nargs="+", default=None,
                     help="with --dropin: only the groups starting with these words (e.g. fp32 autocast), "

@@ -159,14 +159,15 @@ class Stack(nn.Module):
 # --------------------------------------------------------------------------------------
 # steps and timing
 # --------------------------------------------------------------------------------------
-def make_step(m: ModelShape, provider: str, mode: str, device) -> Callable[[], float]:
+def make_step(m: ModelShape, provider: str, mode: str, device) -> Callable[[], None]:
     """A closure running one training step (forward, backward, AdamW) of model ``m`` with
-    ``provider``'s attention; it returns nothing the timing waits on."""
+    ``provider``'s attention. Compiled: static shapes (``dynamic=False``: a second model or
+    provider must not turn the graphs dynamic), one graph per provider."""
     torch.manual_seed(0)
     model = Stack(m, attention_provider(provider)).to(device)
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
-    run = torch.compile(model) if mode == "compiled" else model
+    run = torch.compile(model, dynamic=False) if mode == "compiled" else model
     tokens = torch.randint(0, m.vocab, (m.batch, m.seq), device=device)
     targets = torch.roll(tokens, -1, dims=1)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if device.type == "cuda" \
@@ -201,6 +202,8 @@ def run(models=("gpt2", "llama"), modes=MODES, providers=PROVIDERS, steps: int =
     for model_name in models:
         m = shapes[model_name]
         for mode in modes:
+            if mode == "compiled":                 # each group compiles afresh: nothing cached from
+                torch._dynamo.reset()               # the last group, no recompile limit reached
             stepper, errors = {}, {}
             for p in providers:          # build and warm every provider first (compiles excluded)
                 try:
@@ -215,13 +218,17 @@ def run(models=("gpt2", "llama"), modes=MODES, providers=PROVIDERS, steps: int =
                     bar.update(1)
             times = {p: [] for p in stepper}
             for _ in range(rounds):
-                for p, step in stepper.items():
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    for _ in range(steps):
-                        step()
-                    _sync(device)
-                    times[p].append((time.perf_counter() - t0) / steps * 1e3)
+                for p, step in list(stepper.items()):
+                    try:
+                        _sync(device)
+                        t0 = time.perf_counter()
+                        for _ in range(steps):
+                            step()
+                        _sync(device)
+                        times[p].append((time.perf_counter() - t0) / steps * 1e3)
+                    except Exception as e:  # noqa: BLE001 -- recorded in the row
+                        errors[p] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                        stepper.pop(p)
                     if bar is not None:
                         bar.update(1)
             tokens = m.batch * m.seq

@@ -72,9 +72,10 @@ INTERPRETER_FAST_CONFIGS = {"fast_fwd": _c(32, 16, 1, 1), "fast_dq": _c(32, 16, 
                             "fast_pieces": _c(16, 32, 1, 1)}
 
 # Candidates per kernel, best first. The last of each list is small enough for D = 256 or a
-# 64 KB-shared-memory GPU. (fp32 at D = 256 needs the fast kernels' 16 x 16 tail: its products split
-# every operand tile into bf16 pieces, 2.5x the estimate below; the randomized battery found every
-# larger tile refused on an H200, "Required: 245760, Hardware limit: 232448".)
+# 64 KB-shared-memory GPU. (fp32 at D = 256 needs the fast kernels' 16 x 16 tail: its split products
+# -- bf16x6 in the forward, tf32x3 in the backward -- hold 2.5x the estimate below in shared memory;
+# the randomized battery found every larger tile refused on an H200, "Required: 245760, Hardware
+# limit: 232448".)
 CANDIDATES: dict[str, list[KernelConfig]] = {
     # the lesson kernels: the two-kernel backward anchor of the course is 64 x 64, 4 warps,
     # 3 stages; the forward likes a taller Q tile

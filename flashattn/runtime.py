@@ -44,7 +44,8 @@ def _interpret_triton_library() -> int:
     flashattn``) holds compiled ``JITFunction``s there, and an interpreted kernel calling one
     fails with "Cannot call @triton.jit'd outside of the scope of a kernel". Each such helper
     is wrapped once as the interpreter would have wrapped it (the same object for every module
-    that imported it). Returns how many were wrapped."""
+    that imported it). Returns how many were wrapped. (Member calls such as ``x.sum(axis=0)`` inside
+    a kernel reach the helpers another way and still fail then; no flashattn kernel uses them.)"""
     import sys
 
     from triton.runtime.interpreter import InterpretedFunction
@@ -143,8 +144,8 @@ def autocast_inputs(q, k, v):
     """q, k, v as SDPA sees them under ``torch.autocast``: cast to the autocast dtype of their
     device type when an autocast region is active there (and they are floating point), else as
     they came. Both public entry points call it, so they behave alike."""
-    if not isinstance(q, torch.Tensor) or not q.is_floating_point():
-        return q, k, v
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dtype == torch.float64:
+        return q, k, v                     # (autocast leaves float64 alone, as SDPA sees it)
     device_type = q.device.type
     try:
         enabled = torch.is_autocast_enabled(device_type)
@@ -402,11 +403,12 @@ def poisoned_outputs(enabled: bool = True):
         _poison = before
 
 
-#: Inside ``guarded_outputs()``: every output made since, as (buffer, first, last), where the
-#: output is buffer[first:last] and the rest of the buffer is a guard a kernel must not touch.
+#: Inside ``guarded_outputs()``: every output made since, as (buffer, first, last, shape), where
+#: the output is buffer[first:last] and the rest of the buffer is a guard a kernel must not touch.
 _guarded: Optional[list] = None
-#: the guards' value: finite and unlikely to be what a stray store writes (NaN is the poison)
-GUARD_VALUE = -1234.5
+#: the guards' value: finite, exact in fp16, bf16 and fp32, and unlikely to be what a stray
+#: store writes (NaN is the poison inside)
+GUARD_VALUE = -1152.0
 #: elements of guard on each side: 512 bytes of fp32, so the output stays 128-byte aligned
 GUARD_ELEMENTS = 128
 

@@ -25,6 +25,25 @@ def test_every_lesson_and_solution_is_listed():
     assert not any(n.startswith("exercises/") for n in names)      # they raise by design
 
 
+def test_the_failing_cell_is_named_not_a_cell_meant_to_raise(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("raise ValueError('planted')"),
+                                         nbformat.v4.new_code_cell("assert 1 == 2, 'real'")])
+    nb.cells[0].metadata["tags"] = ["raises-exception"]
+    path = tmp_path / "lab.ipynb"
+    nbformat.write(nb, path)
+    row = run_notebooks.run_one(str(path))
+    assert row["status"] == "fail" and row["error"] == "cell 1: AssertionError: real", row
+
+
+def test_no_notebooks_is_an_error(monkeypatch, capsys):
+    import pytest
+
+    monkeypatch.setattr(run_notebooks, "notebooks", lambda: [])
+    with pytest.raises(SystemExit):
+        run_notebooks.main([])
+    assert "no notebooks under" in capsys.readouterr().err
+
+
 def test_a_pass_a_failure_and_the_record(tmp_path, monkeypatch):
     good = _notebook(tmp_path / "good.ipynb", "from pathlib import Path\nassert Path('good.ipynb').exists()")
     bad = _notebook(tmp_path / "bad.ipynb", "x = 1", "assert x == 2, 'x is not 2'")

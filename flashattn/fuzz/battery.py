@@ -1,55 +1,59 @@
 """The randomized differential battery: draw problems, run them, judge them, report.
 
-One problem is judged thus: every output and gradient, per (batch, head), against the float64
-reference, by relative error; the limit is the dtype's tolerance or a few times SDPA's own error
-on the same inputs, whichever is larger. Beside the values: no NaN or inf, no element of any
-output left unwritten (outputs start as NaN), no store into the guard regions around every
-output, no write into an input. A failure is reported with the one line that rebuilds it.
+One problem is judged thus: every output and gradient, row by row, against the float64
+reference (:func:`judge`); beside the values, no NaN or inf, no element of any output left
+unwritten (outputs start as NaN), no store into the guard regions around every output, no
+write into an input or the NaN around it. A failure is reported with the one line that
+rebuilds it. On a GPU the problems run in worker processes: a kernel's illegal access poisons
+its process's CUDA context for good, so the worker that met one reports it and is replaced.
 """
 from __future__ import annotations
 
-import concurrent.futures as futures
 import contextlib
 import itertools
 import math
 import multiprocessing
 import os
-import queue
 import time
 import traceback
 import warnings
+from multiprocessing.connection import wait as wait_for
 from typing import Iterable, Optional
 
 import torch
 
 from .. import runtime
 from ..check.runner import fence_wild_access
-from .families import RUNNERS, head_norms, unavailable
+from .families import RUNNERS, head_norms, row_norms, unavailable
 from .problems import FAMILIES, Problem, draw, make_inputs
 
-#: relative error per head always allowed, by dtype (the test suite's tolerances)
+#: relative error per row always allowed, by dtype (the test suite's tolerances, tests/conftest.py)
 BASE_TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
-#: the kernels may be this many times less accurate than SDPA on the same inputs, head by head
+#: the kernels may be this many times less accurate than SDPA on the same inputs, row by row
 FLOOR_FACTOR = 4.0
-#: per-head parameter gradients (lazy attention's dBias, dTau) are sums of millions of rounded
-#: terms of both signs: their allowance is this many times the dtype's
+#: per-head parameter gradients (lazy attention's dBias, dTau) sum millions of rounded terms of
+#: both signs: their allowance is this many times the dtype's
 PARAM_FACTOR = 4.0
 #: where dQ and dK cancel to ~0, the error allowed is this many units of the products' rounding
-#: times the size of the terms that make them up (families.term_sizes)
+#: times the size of the terms that make them up, in quadrature (families.term_sizes)
 ROUNDING_UNITS = 4.0
 #: the rounding unit of the kernels' products: half precision's epsilon; for fp32 inputs the
-#: default GPU products (tf32x3: three TF32 products, about 1e-6 relative error each)
+#: coarsest default GPU products (tf32x3: three TF32 products, about 1e-6 relative error each)
 PRODUCT_UNIT = {torch.float16: torch.finfo(torch.float16).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps,
                 torch.float32: 1e-6, torch.float64: 1e-15}
+#: a problem still running after this many seconds fails (and its worker is replaced)
+PROBLEM_TIMEOUT_S = 300
 
 
 def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]:
     """What is wrong with one outcome, one line each (empty: it passed).
 
-    Head by head, the error ||got - ref|| may reach the largest of: the dtype's relative tolerance
-    (of ||ref||, or of a thousandth of a typical head's norm for a head that is ~0);
-    FLOOR_FACTOR times SDPA's own error on that head; and, for dQ and dK, a few roundings of the
-    terms that add up to them (where those cancel, rounding is all there is)."""
+    Row by row (a per-head norm would dilute an error in one row, the last tile's say, by the
+    square root of the length), the error ||got - ref|| may reach the largest of: the dtype's
+    relative tolerance of ||ref|| (or of a thousandth of a typical row, for a row that is ~0);
+    FLOOR_FACTOR times SDPA's own error on that row; and for dQ and dK a few roundings of the
+    terms that add up to the row (where those cancel, rounding is all there is). Lazy
+    attention's dBias and dTau are judged per head."""
     dtype = outcome.dtype or dtype or p.torch_dtype
     unit = PRODUCT_UNIT[dtype]
     problems = []
@@ -67,24 +71,38 @@ def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]
                             "(unwritten, or overflowed)")
             continue
         param = name in outcome.per_head_param
-        heads = 1 if param else 2
-        err, norm = head_norms(got.double() - ref, heads), head_norms(ref, heads)
+        err = head_norms(got.double() - ref, 1) if param else row_norms(got.double() - ref)
+        norm = head_norms(ref, 1) if param else row_norms(ref)
         typical = float(norm.pow(2).mean().sqrt())
-        scale = norm.clamp_min(1e-3 * typical)
-        allowed = BASE_TOLERANCE[dtype] * (PARAM_FACTOR if param else 1.0) * scale
+        allowed = BASE_TOLERANCE[dtype] * (PARAM_FACTOR if param else 1.0) * norm.clamp_min(1e-3 * typical)
         if name in outcome.floor:
             allowed = torch.maximum(allowed, FLOOR_FACTOR * outcome.floor[name].to(allowed.device))
         if name in outcome.size:
             allowed = torch.maximum(allowed, ROUNDING_UNITS * unit * outcome.size[name].to(allowed.device))
         over = err / allowed.clamp_min(torch.finfo(torch.float64).tiny)
         if not bool((over <= 1).all()):
-            h = int(over.argmax())
-            where = divmod(h, over.shape[-1]) if over.dim() == 2 else (h,)
-            e, a, n = float(err.flatten()[h]), float(allowed.flatten()[h]), float(norm.flatten()[h])
-            sdpa = float(outcome.floor[name].flatten()[h]) if name in outcome.floor else float("nan")
-            problems.append(f"{name}: head {where} error {e:.2e} > allowed {a:.2e} (|ref| {n:.2e}, "
+            flat = int(over.argmax())
+            where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), over.shape))
+            e, a, n = float(err.flatten()[flat]), float(allowed.flatten()[flat]), float(norm.flatten()[flat])
+            sdpa = float(outcome.floor[name].flatten()[flat]) if name in outcome.floor else float("nan")
+            what = "head" if param else "(batch, head, row)"
+            problems.append(f"{name}: {what} {where} error {e:.2e} > allowed {a:.2e} (|ref| {n:.2e}, "
                             f"relative {e / max(n, 1e-300):.1e}; SDPA's error there {sdpa:.2e})")
     return problems
+
+
+def _storage_view(t: torch.Tensor) -> torch.Tensor:
+    """All of the buffer an input lives in (its NaN margins and gaps included)."""
+    return t._base if t._base is not None else t
+
+
+def _context_lost() -> bool:
+    """After a failure on a GPU: is this process's CUDA context still usable?"""
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # noqa: BLE001 -- any error here means the context is gone
+        return True
 
 
 def check_problem(p: Problem, device=None) -> dict:
@@ -94,10 +112,10 @@ def check_problem(p: Problem, device=None) -> dict:
     if why is not None:
         return {"index": p.index, "family": p.family, "status": "skipped", "why": why}
     start = time.perf_counter()
-    failures = []
+    failures, lost = [], False
     try:
         tensors = make_inputs(p, device)
-        before = {n: t.clone() for n, t in tensors.items()}
+        before = {n: _storage_view(t).clone() for n, t in tensors.items()}
         with runtime.guarded_outputs() as guarded, fence_wild_access() as wild, _quiet():
             outcome = RUNNERS[p.family](p, tensors)
             if device.type == "cuda":
@@ -105,61 +123,69 @@ def check_problem(p: Problem, device=None) -> dict:
         failures += runtime.guard_violations(guarded)
         failures += [f"{n} {kind} outside every tensor the kernels were given (dropped by the interpreter)"
                      for kind, n in wild.items() if n]
-        failures += [f"input {n} was written" for n, t in tensors.items()
-                     if not torch.equal(torch.nan_to_num(t), torch.nan_to_num(before[n]))]
+        failures += [f"input {n} (or the NaN around it) was written" for n, t in tensors.items()
+                     if not torch.equal(torch.nan_to_num(_storage_view(t), 7.0), torch.nan_to_num(before[n], 7.0))]
         failures += judge(p, outcome)
     except Exception as e:      # noqa: BLE001 -- a kernel that raises on a valid problem fails it
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{os.path.relpath(frame.filename)}:{frame.lineno} in {frame.name}"
         failures.append(f"raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}")
-    if device.type == "cuda" and p.work() > 2 ** 25 and not failures:
+        lost = device.type == "cuda" and _context_lost()
+    if device.type == "cuda" and not lost and p.work() > 2 ** 25:
         torch.cuda.empty_cache()
     return {"index": p.index, "family": p.family, "status": "fail" if failures else "pass",
             "seconds": round(time.perf_counter() - start, 4), "failures": failures,
-            "problem": p.describe(), "reproducer": p.reproducer()}
+            "problem": p.describe(), "reproducer": p.reproducer(), "context_lost": lost}
 
 
 @contextlib.contextmanager
 def _quiet():
-    """No NumPy overflow warnings from the interpreter's masked lanes (exp of -inf - -inf), no
-    BF16 fallback or dropout-resolution warnings: the battery judges values, not messages."""
+    """The battery judges values, not messages: no NumPy warnings from the interpreter's masked
+    lanes (exp of -inf - -inf), no bf16-fallback or dropout-resolution warnings. And fp32 is
+    judged at fp32's accuracy: TF32 products stay off whatever the process set."""
     import numpy as np
 
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        yield
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def _check_index(seed: int, index: int, families: tuple) -> dict:
-    return check_problem(draw(seed, index, on_gpu=not runtime.INTERPRET, families=families))
+def _check_index(seed: int, index: int, families: tuple, on_gpu: bool) -> dict:
+    return check_problem(draw(seed, index, on_gpu=on_gpu, families=families))
 
 
 def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] = None,
-        families: Iterable[str] = FAMILIES, workers: int = 1, start: int = 0, progress: bool = True) -> dict:
+        families: Iterable[str] = FAMILIES, workers: int = 1, start: int = 0, progress: bool = True,
+        on_gpu: Optional[bool] = None) -> dict:
     """Problems ``start, start+1, ...`` of the battery ``seed`` until ``problems`` ran or
-    ``minutes`` passed (whichever comes first). ``workers`` > 1: that many processes (on a GPU
-    they share it; compiling, the float64 references and the host work overlap). Returns the
-    summary: counts per family, every failure with its reproducer, device and versions."""
+    ``minutes`` passed, whichever comes first. On a GPU they always run in worker processes
+    (``workers`` of them, sharing the GPU: compiling, the float64 references and the host work
+    overlap), so that a poisoned CUDA context costs one worker, not the run. ``on_gpu``: draw at
+    a GPU's sizes (default: where the kernels run). Returns the summary: counts per family,
+    every failure with its reproducer, device and versions."""
     families = tuple(families)
-    unknown = set(families) - set(FAMILIES)
-    if unknown or not families:
-        raise ValueError(f"families must be among {FAMILIES}, got {sorted(unknown) or 'none'}")
+    draw(seed, start, on_gpu=False, families=families)          # names bad families before anything runs
     if problems is None and minutes is None:
         raise ValueError("give problems=, minutes= or both")
+    on_gpu = (not runtime.INTERPRET) if on_gpu is None else on_gpu
     deadline = time.monotonic() + 60 * minutes if minutes is not None else math.inf
-    limit = problems if problems is not None else 2 ** 62
+    indices = range(start, start + problems) if problems is not None else itertools.count(start)
     results = []
     bar = _bar(problems, progress)
     t0 = time.monotonic()
-    if workers <= 1:
-        index = start
-        while index - start < limit and time.monotonic() < deadline:
-            results.append(_check_index(seed, index, families))
+    if workers <= 1 and runtime.INTERPRET:
+        for index in indices:
+            if time.monotonic() >= deadline:
+                break
+            results.append(_check_index(seed, index, families, on_gpu))
             _advance(bar, results[-1])
-            index += 1
     else:
-        for result in _in_workers(seed, range(start, start + limit) if limit < 2 ** 62 else itertools.count(start),
-                                  families, workers, deadline):
+        for result in _in_workers(seed, indices, families, max(1, workers), deadline, on_gpu):
             results.append(result)
             _advance(bar, result)
     if bar is not None:
@@ -167,84 +193,103 @@ def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] =
     return summarize(results, seed, time.monotonic() - t0, workers)
 
 
-def _worker(seed: int, families: tuple, tasks, results) -> None:
-    """A worker process: problems by index until told to stop (None). After a CUDA error the
-    process's context is lost (the error is sticky): it reports the problem and exits, and the
-    parent starts another."""
+# --------------------------------------------------------------------------------------
+# worker processes
+# --------------------------------------------------------------------------------------
+def _worker(seed: int, families: tuple, on_gpu: bool, conn) -> None:
+    """A worker process: problems by index from ``conn`` until told to stop (None); each result
+    goes back on ``conn`` (a pipe: sent before this process can exit). After a problem that
+    lost the CUDA context it exits, and the parent starts another."""
     while True:
-        index = tasks.get()
+        index = conn.recv()
         if index is None:
             return
-        results.put(("start", index, os.getpid()))
-        result = _check_index(seed, index, families)
-        results.put(("done", index, result))
-        if any("CUDA error" in f or "AcceleratorError" in f or "illegal memory access" in f
-               for f in result.get("failures", [])):
-            results.close()
-            results.join_thread()           # the report out first: os._exit skips the queue's flush
+        result = _check_index(seed, index, families, on_gpu)
+        conn.send(result)
+        if result.get("context_lost"):
+            conn.close()
             os._exit(3)
 
 
-def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: float):
+class _Worker:
+    def __init__(self, ctx, seed, families, on_gpu):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(seed, families, on_gpu, child), daemon=True)
+        self.proc.start()
+        child.close()
+        self.index, self.since = None, 0.0       # the problem it was given, and when
+
+    def give(self, index: int) -> None:
+        self.conn.send(index)
+        self.index, self.since = index, time.monotonic()
+
+
+def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: float, on_gpu: bool):
     """Yield the results of problems ``indices`` run in ``workers`` processes (spawned: each
-    initialises CUDA itself), until the indices or the time run out. A worker that dies (a CUDA
-    error, a crash) is replaced; a problem it died on without reporting is a failure."""
+    initialises CUDA itself) until the indices or the time run out. The parent knows which
+    worker holds which problem; one that dies (a CUDA error, a crash) or overruns
+    PROBLEM_TIMEOUT_S is replaced, and a problem it held without answering is a failure."""
     ctx = multiprocessing.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-
-    def spawn():
-        proc = ctx.Process(target=_worker, args=(seed, families, tasks, results), daemon=True)
-        proc.start()
-        return proc
-
-    procs = [spawn() for _ in range(workers)]
-    indices, queued, finished, exhausted = iter(indices), 0, 0, False
-    started: dict = {}                              # index -> pid of the worker running it
+    pool = [_Worker(ctx, seed, families, on_gpu) for _ in range(workers)]
+    indices = iter(indices)
+    exhausted = False
     try:
         while True:
-            while not exhausted and queued - finished < 2 * workers and time.monotonic() < deadline:
-                index = next(indices, None)
-                if index is None:
-                    exhausted = True
-                else:
-                    tasks.put(index)
-                    queued += 1
-            if finished == queued and (exhausted or time.monotonic() >= deadline):
+            for w in pool:                       # every idle worker gets the next problem
+                if w.index is None and not exhausted:
+                    index = next(indices, None) if time.monotonic() < deadline else None
+                    if index is None:
+                        exhausted = True
+                    else:
+                        w.give(index)
+            busy = [w for w in pool if w.index is not None]
+            if not busy:
                 return
-            messages = []
-            try:
-                messages.append(results.get(timeout=2))
-                while True:
-                    messages.append(results.get_nowait())
-            except queue.Empty:
-                pass
-            for kind, index, payload in messages:
-                if kind == "start":
-                    started[index] = payload
-                else:
-                    started.pop(index, None)
-                    finished += 1
-                    yield payload
-            for i, proc in enumerate(procs):
-                if proc.is_alive():
+            ready = wait_for([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=2)
+            for i, w in enumerate(pool):
+                if w.index is None:
                     continue
-                procs[i] = spawn()
-                for index in [j for j, pid in started.items() if pid == proc.pid]:
-                    started.pop(index)       # died on it without a word: a crash is a failure too
-                    finished += 1
-                    yield _lost(seed, index, families, proc.exitcode)
+                if w.conn in ready or w.conn.poll():
+                    try:
+                        result = w.conn.recv()
+                    except EOFError:             # it died with nothing more to say
+                        result = None
+                    if result is not None:
+                        w.index = None
+                        yield result
+                        if result.get("context_lost"):
+                            w.proc.join(5)
+                            pool[i] = _Worker(ctx, seed, families, on_gpu)
+                        continue
+                overdue = time.monotonic() - w.since > PROBLEM_TIMEOUT_S
+                if not w.proc.is_alive() or overdue:
+                    if overdue:
+                        w.proc.kill()
+                    why = (f"ran over {PROBLEM_TIMEOUT_S} s" if overdue
+                           else f"the worker process died (exit code {w.proc.exitcode}) running it")
+                    yield _lost(seed, w.index, families, on_gpu, why)
+                    pool[i] = _Worker(ctx, seed, families, on_gpu)
     finally:
-        for proc in procs:
-            proc.kill()
+        for w in pool:
+            if w.proc.is_alive():
+                try:
+                    w.conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+                w.proc.join(2)
+                if w.proc.is_alive():
+                    w.proc.kill()
 
 
-def _lost(seed: int, index: int, families: tuple, code) -> dict:
-    p = draw(seed, index, on_gpu=not runtime.INTERPRET, families=families)
-    return {"index": index, "family": p.family, "status": "fail", "seconds": 0.0,
-            "failures": [f"the worker process died (exit code {code}) running it"],
+def _lost(seed: int, index: int, families: tuple, on_gpu: bool, why: str) -> dict:
+    p = draw(seed, index, on_gpu=on_gpu, families=families)
+    return {"index": index, "family": p.family, "status": "fail", "seconds": 0.0, "failures": [why],
             "problem": p.describe(), "reproducer": p.reproducer()}
 
 
+# --------------------------------------------------------------------------------------
+# progress and the summary
+# --------------------------------------------------------------------------------------
 def _bar(total, progress):
     if not progress:
         return None
@@ -283,7 +328,7 @@ def one_line(summary: dict) -> str:
 
 
 def default_workers() -> int:
-    """On a GPU: one process per two CPU cores, at most 12 (they share the GPU)."""
+    """On a GPU: one process per two CPU cores, at most 12 (they share the GPU); 1 on the CPU."""
     if runtime.INTERPRET:
         return 1
     return max(1, min(12, (os.cpu_count() or 2) // 2))

@@ -1,11 +1,11 @@
 """Running one problem of each kernel family, and its float64 oracle.
 
-Every family returns an :class:`Outcome`: the kernels' outputs and gradients, the float64
+Every family returns an :class:`Outcome`: the kernels' outputs and gradients; the float64
 reference of each (autograd through a materialised formula, one head at a time so that a
-9,000 x 9,000 score matrix fits), and the floor: the error of a plain implementation in the
-problem's own dtype (PyTorch's SDPA where it computes the same function), which the kernels'
-error is allowed to reach a few times over. A kernel that is merely as imprecise as SDPA at
-large logits passes; a wrong stride, mask or bound does not.
+9,000 x 9,000 score matrix fits); the floor, the error of a plain implementation in the
+problem's own dtype on the same inputs (PyTorch's SDPA where it computes the same function),
+row by row; and for dQ and dK the size of the terms that add up to each row, which bounds what
+rounding alone can do where those terms cancel. :func:`battery.judge` reads them.
 """
 from __future__ import annotations
 
@@ -30,10 +30,15 @@ GRADS = ("dQ", "dK", "dV")
 class Outcome:
     got: dict                               # name -> the kernels' tensor
     ref: dict                               # name -> float64 reference
-    floor: dict = dataclasses.field(default_factory=dict)   # name -> SDPA's error per head (a norm)
-    size: dict = dataclasses.field(default_factory=dict)    # name -> the terms' size per head
-    per_head_param: tuple = ()              # names shaped [H, ...] (lazy attention's parameters)
+    floor: dict = dataclasses.field(default_factory=dict)   # name -> SDPA's error per row (a norm)
+    size: dict = dataclasses.field(default_factory=dict)    # name -> the terms' size per row
+    per_head_param: tuple = ()              # names shaped [H, ...] (lazy attention's parameters): per head
     dtype: Optional[torch.dtype] = None     # the precision to judge by (default: the problem's)
+
+
+def row_norms(x: torch.Tensor) -> torch.Tensor:
+    """The norm of every row of a ``[B, H, S, D]`` tensor: ``[B, H, S]``, in float64."""
+    return x.detach().double().norm(dim=-1)
 
 
 def head_norms(x: torch.Tensor, head_dims: int = 2) -> torch.Tensor:
@@ -52,39 +57,41 @@ def _leaves(*tensors):
 def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = None) -> tuple[dict, dict]:
     """O, dQ, dK, dV in float64 by autograd through ``beyond.reference.attention_reference``
     (causal, window, dropout with the kernels' own mask from ``keep_for(b, h)``), one (batch,
-    query head) at a time; dK and dV summed over each GQA group. Also returns, for dQ and dK,
-    the size of the terms that make them up per head (see :func:`term_sizes`)."""
+    query head) at a time; dK and dV summed over each GQA group. Also returns, per row of dQ
+    and dK, the size of the terms that make it up (:func:`term_sizes`)."""
     B, H, S_q, D = q.shape
     group = H // k.shape[1]
-    out = {"O": torch.empty(q.shape, dtype=torch.float64, device=q.device),
-           "dQ": torch.empty(q.shape, dtype=torch.float64, device=q.device),
-           "dK": torch.zeros(k.shape, dtype=torch.float64, device=q.device),
-           "dV": torch.zeros(k.shape, dtype=torch.float64, device=q.device)}
-    size = {"dQ": torch.zeros(B, H, dtype=torch.float64, device=q.device),
-            "dK": torch.zeros(B, k.shape[1], dtype=torch.float64, device=q.device)}
+    f64 = dict(dtype=torch.float64, device=q.device)
+    out = {"O": torch.empty(q.shape, **f64), "dQ": torch.empty(q.shape, **f64),
+           "dK": torch.zeros(k.shape, **f64), "dV": torch.zeros(k.shape, **f64)}
+    size = {"dQ": torch.zeros(q.shape[:3], **f64), "dK": torch.zeros(k.shape[:3], **f64)}
     for b in range(B):
         for h in range(H):
-            qh, kh, vh = _leaves(q[b:b + 1, h:h + 1], k[b:b + 1, h // group:h // group + 1],
-                                 v[b:b + 1, h // group:h // group + 1])
+            g = h // group
+            qh, kh, vh = _leaves(q[b:b + 1, h:h + 1], k[b:b + 1, g:g + 1], v[b:b + 1, g:g + 1])
             doh = do[b:b + 1, h:h + 1].double()
             keep = keep_for(b, h)[None, None] if keep_for is not None else None
             o, lse = attention_reference(qh, kh, vh, p.causal, p.scale, p.window, keep, p.dropout_p)
             dq, dk, dv = torch.autograd.grad(o, (qh, kh, vh), doh)
             out["O"][b, h], out["dQ"][b, h] = o[0, 0].detach(), dq[0, 0]
-            out["dK"][b, h // group] += dk[0, 0]
-            out["dV"][b, h // group] += dv[0, 0]
-            size_dq, size_dk = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep)
-            size["dQ"][b, h] = size_dq
-            size["dK"][b, h // group] += size_dk
+            out["dK"][b, g] += dk[0, 0]
+            out["dV"][b, g] += dv[0, 0]
+            rows_dq, rows_dk = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep)
+            size["dQ"][b, h] = rows_dq
+            size["dK"][b, g] += rows_dk ** 2          # a group's heads add up: their rounding too
+    size["dK"] = size["dK"].sqrt()
     return out, size
 
 
 @torch.no_grad()
-def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[float, float]:
-    """How large the terms are that add up to dQ and dK of one head (float64 [1, 1, S, D]):
-    dQ = scale * dS K sums terms of size scale * |dS_ij| |K_j|, with dS = P (dP - delta). Where
-    they cancel (a row that sees one key has dS = 0 exactly) the result is 0 up to rounding, and
-    its error can only be judged against the terms' size: ||scale * (P (|dP| + |delta|)) |K| ||."""
+def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """How large the terms are that add up to each row of dQ and dK of one head (float64
+    ``[1, 1, S, D]`` inputs; returns ``[S_q]``, ``[S_k]``). dQ_i = scale * sum_j dS_ij K_j with
+    dS_ij = P_ij (dP_ij - delta_i): where those terms cancel (a row that sees one key has
+    dS = 0 exactly) the result is 0 up to rounding, and rounding is all its error can be
+    judged against. Each term rounds on its own, so the sizes add in quadrature:
+    scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's own
+    rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|."""
     scale = q.shape[-1] ** -0.5 if p.scale is None else p.scale
     visible = window_mask(q.shape[2], k.shape[2], p.causal, p.window, q.device)
     s = q @ k.transpose(-1, -2) * scale
@@ -92,8 +99,11 @@ def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[float, float
     dp = (do @ v.transpose(-1, -2)).abs()
     if keep is not None:
         dp = dp * keep / (1.0 - p.dropout_p)
-    t = P * (dp + (do * o).sum(-1, keepdim=True).abs())
-    return (float(scale * (t @ k.abs()).norm()), float(scale * (t.transpose(-1, -2) @ q.abs()).norm()))
+    delta_terms = (do * o).abs().sum(-1, keepdim=True)
+    t2 = (P * (dp + delta_terms)) ** 2
+    rows_dq = (t2 @ (k * k)).sum(-1).sqrt() + delta_terms[..., 0] * (P @ k).norm(dim=-1)
+    rows_dk = (t2.transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
+    return scale * rows_dq[0, 0], scale * rows_dk[0, 0]
 
 
 def _dense_keep(p: Problem, H: int, device) -> Optional[Callable]:
@@ -111,28 +121,34 @@ def dropout_seed(p: Problem) -> int:
 # the floor: SDPA in the problem's dtype, where it computes the same function
 # --------------------------------------------------------------------------------------
 def sdpa_floor(p: Problem, q, k, v, do, ref: dict) -> dict:
-    """SDPA's worst head error per tensor on these very inputs (the window as a boolean mask; a
+    """SDPA's error per row and tensor on these very inputs (the window as a boolean mask; a
     window that leaves a row with no key has no SDPA twin: no floor then)."""
+    from ..verify import grads
+
     mask = None
     if p.window is not None:
         mask = window_mask(p.S_q, p.S_k, p.causal, p.window, q.device)
         if not bool(mask.any(dim=1).all()):
             return {}
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     group = q.shape[1] // k.shape[1]
-    kk, vv = (t.repeat_interleave(group, dim=1) for t in leaves[1:])
-    with torch.autocast(q.device.type, enabled=False):
-        o = F.scaled_dot_product_attention(leaves[0], kk, vv, attn_mask=mask,
-                                           is_causal=p.causal and mask is None, scale=p.scale)
-    o.backward(do)
-    got = {"O": o, "dQ": leaves[0].grad, "dK": leaves[1].grad, "dV": leaves[2].grad}
-    return {n: head_norms(got[n].double() - ref[n]) for n in got}
+
+    def sdpa(q_, k_, v_):
+        with torch.autocast(q.device.type, enabled=False):
+            return F.scaled_dot_product_attention(q_, k_.repeat_interleave(group, dim=1),
+                                                  v_.repeat_interleave(group, dim=1), attn_mask=mask,
+                                                  is_causal=p.causal and mask is None, scale=p.scale)
+
+    o, (dq, dk, dv) = grads(sdpa, q, k, v, do)
+    got = {"O": o, "dQ": dq, "dK": dk, "dV": dv}
+    return {n: row_norms(got[n].double() - ref[n]) for n in got}
 
 
 # --------------------------------------------------------------------------------------
 # the families
 # --------------------------------------------------------------------------------------
-def _autograd(fn, q, k, v, do) -> dict:
+def kernel_grads(fn, q, k, v, do) -> dict:
+    """O, dQ, dK, dV of ``fn(q, k, v)`` on leaves that keep the inputs' strides and storage (a
+    clone, as ``verify.grads`` makes, would hand the kernels contiguous copies of odd layouts)."""
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     o = fn(*leaves)
     o.backward(do)
@@ -141,7 +157,7 @@ def _autograd(fn, q, k, v, do) -> dict:
 
 def _dense(p: Problem, t: dict, fn) -> Outcome:
     q, k, v, do = t["q"], t["k"], t["v"], t["do"]
-    got = _autograd(fn, q, k, v, do)
+    got = kernel_grads(fn, q, k, v, do)
     ref, size = per_head_reference(p, q, k, v, do, _dense_keep(p, q.shape[1], q.device))
     plain = dataclasses.replace(p, dropout_p=0.0)     # SDPA has no twin of the kernels' mask:
     floor = sdpa_floor(plain, q, k, v, do,              # its error without dropout stands in
@@ -160,28 +176,23 @@ def run_fast(p: Problem, t: dict) -> Outcome:
 
 
 def run_fp32(p: Problem, t: dict) -> Outcome:
-    """fp32 on the fast path: the bf16 pieces and the fused backward; every other problem under
-    ``torch.use_deterministic_algorithms`` (the two-kernel backward)."""
+    """fp32 on the fast path: by default the fused backward on bf16 pieces; the "deterministic"
+    variant under ``torch.use_deterministic_algorithms`` (the two-kernel backward)."""
     from ..api import flash_attention
 
-    deterministic = p.index % 2 == 1
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(p.variant == "deterministic", warn_only=True)
     try:
         return _dense(p, t, lambda q, k, v: flash_attention(q, k, v, causal=p.causal, scale=p.scale, impl="fast"))
     finally:
-        torch.use_deterministic_algorithms(before)
-
-
-def _impl(p: Problem) -> str:
-    """Lesson 09's entry points run either family: the lesson's kernels on odd problems."""
-    return "teaching" if p.index % 2 else "fast"
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def run_window(p: Problem, t: dict) -> Outcome:
+    """Lesson 09's dense entry point, with the variant's kernels ("teaching" or "fast")."""
     from ..beyond import flash_attention
     return _dense(p, t, lambda q, k, v: flash_attention(q, k, v, causal=p.causal, scale=p.scale, window=p.window,
-                                                        dropout_p=p.dropout_p, seed=dropout_seed(p), impl=_impl(p)))
+                                                        dropout_p=p.dropout_p, seed=dropout_seed(p), impl=p.variant))
 
 
 run_dropout = run_window
@@ -196,17 +207,17 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
     cu_q = torch.tensor(starts_q, dtype=torch.int32, device=q.device)
     cu_k = torch.tensor(starts_k, dtype=torch.int32, device=q.device)
     seed = dropout_seed(p)
-    got = _autograd(lambda q_, k_, v_: flash_attention_varlen(
+    got = kernel_grads(lambda q_, k_, v_: flash_attention_varlen(
         q_, k_, v_, cu_q, cu_k, max(lens_q), max(lens_k), causal=p.causal, scale=p.scale, window=p.window,
-        dropout_p=p.dropout_p, seed=seed, impl=_impl(p)), q, k, v, do)
+        dropout_p=p.dropout_p, seed=seed, impl=p.variant), q, k, v, do)
     qd, kd, vd = _leaves(q, k, v)
     o, lse = varlen_reference(qd, kd, vd, cu_q, cu_k, p.causal, p.scale, p.window, p.dropout_p, seed,
                               return_lse=True)
-    grads = torch.autograd.grad(o, (qd, kd, vd), do.double())
-    ref = dict(zip(("O",) + GRADS, (o.detach(),) + grads))
-    # the terms' sizes, sequence by sequence ([1, 1, S, D] slices of one head)
+    ref = dict(zip(("O",) + GRADS, (o.detach(),) + torch.autograd.grad(o, (qd, kd, vd), do.double())))
+    # the terms' sizes, sequence by sequence ([1, 1, S, D] slices of one head), row by row
     H, group = q.shape[1], q.shape[1] // k.shape[1]
-    size = {"dQ": torch.zeros(1, H, dtype=torch.float64), "dK": torch.zeros(1, k.shape[1], dtype=torch.float64)}
+    size = {"dQ": torch.zeros(1, H, q.shape[0], dtype=torch.float64, device=q.device),
+            "dK": torch.zeros(1, k.shape[1], k.shape[0], dtype=torch.float64, device=q.device)}
     for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
         for h in range(H):
@@ -214,14 +225,13 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
                 return x[s, head].double()[None, None]
             keep = None if not p.dropout_p else dropout_mask(
                 seed, 1, sq, sk, p.dropout_p, q.device, first_seq_head=b * H + h)[0][None, None]
-            sdq, sdk = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h), one(k, keys, h // group),
-                                  one(v, keys, h // group), one(do, rows, h), o.detach()[rows, h][None, None],
-                                  lse[rows, h][None, None], keep)
-            size["dQ"][0, h] += sdq ** 2
-            size["dK"][0, h // group] += sdk ** 2
-    size = {n: x.sqrt() for n, x in size.items()}
-    # [total, H, D] -> [1, H, total, D], the shape every comparison takes
-    as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}
+            rows_dq, rows_dk = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h),
+                                          one(k, keys, h // group), one(v, keys, h // group), one(do, rows, h),
+                                          o.detach()[rows, h][None, None], lse[rows, h][None, None], keep)
+            size["dQ"][0, h, rows] = rows_dq
+            size["dK"][0, h // group, keys] += rows_dk ** 2
+    size["dK"] = size["dK"].sqrt()
+    as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}      # [1, H, total, D], as judged
     return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, size=size)
 
 
@@ -230,16 +240,17 @@ def run_lazy(p: Problem, t: dict) -> Outcome:
     from ..lazy.reference import lazy_gradients_per_batch
 
     q, k, v, do, bias, tau = (t[n] for n in ("q", "k", "v", "do", "bias", "tau"))
-    leaves = [x.detach().requires_grad_() for x in (q, k, v, bias, tau)]
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, bias, tau)]     # the inputs' own strides
     o = lazy_attention(*leaves, scale=p.scale)
     o.backward(do)
     got = dict(zip(("O", "dQ", "dK", "dV", "dBias", "dTau"), [o.detach()] + [x.grad for x in leaves]))
     ref = lazy_gradients_per_batch(q, k, v, bias, tau, do, scale=p.scale)
     # The floor: the same formula in the problem's dtype (there is no SDPA for it).
-    low = lazy_gradients_per_batch(q, k, v, bias, tau, do, scale=p.scale, dtype=q.dtype) \
-        if q.dtype != torch.float32 else None
-    floor = {} if low is None else {
-        n: head_norms(low[n].double() - ref[n], 1 if n in ("dBias", "dTau") else 2) for n in got}
+    floor = {}
+    if q.dtype != torch.float32:
+        low = lazy_gradients_per_batch(q, k, v, bias, tau, do, scale=p.scale, dtype=q.dtype)
+        floor = {n: (head_norms(low[n].double() - ref[n], 1) if n in ("dBias", "dTau")
+                     else row_norms(low[n].double() - ref[n])) for n in got}
     return Outcome(got, ref, floor, lazy_term_sizes(q, k, v, bias, tau, do, p.scale),
                    per_head_param=("dBias", "dTau"))
 
@@ -248,46 +259,41 @@ def run_lazy(p: Problem, t: dict) -> Outcome:
 def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> dict:
     """:func:`term_sizes` for lazy attention, whose dS = P (dP - delta) has dP = dO V^T where the
     ReLU lets A through; per batch element, every head at once. dTau = sum_i rowsum(dP_i) / (i+1)
-    and dBias[h, d] = the sum of dS along diagonal d are sums of millions of terms of both signs
-    (a gate that flips on a last bit moves a whole term): their sizes are sums of |terms|."""
+    and dBias[h, d] = the sum of dS along diagonal d add up many terms of both signs (and a gate
+    that flips on a last bit moves a whole term): their sizes are those terms' in quadrature."""
     from ..lazy.reference import diagonal_sums, lazy_attention_reference
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    W = bias.shape[1] - 1
+    W, L = bias.shape[1] - 1, q.shape[2]
+    i = torch.arange(L, device=q.device)
     sizes = {"dQ": [], "dK": [], "dTau": 0.0, "dBias": 0.0}
     for b in range(q.shape[0]):
         qb, kb, vb, dob = (x[b:b + 1].double() for x in (q, k, v, do))
         parts = lazy_attention_reference(qb, kb, vb, bias, tau, scale=scale, return_parts=True)
-        L = q.shape[2]
-        i = torch.arange(L, device=q.device)
         shift = tau.double()[:, None, None] / (i + 1).double()[:, None]
         gate = (parts.P + shift > 0) & (i[None, :] <= i[:, None])
         dp = torch.where(gate, dob @ vb.transpose(-1, -2), 0.0)
-        t = parts.P * (dp.abs() + (parts.P * dp).sum(-1, keepdim=True).abs())
-        sizes["dQ"].append(scale * head_norms(t @ kb.abs()))
-        sizes["dK"].append(scale * head_norms(t.transpose(-1, -2) @ qb.abs()))
-        # dTau adds one row sum of dP per row: rows of both signs are what cancel
-        sizes["dTau"] = sizes["dTau"] + (dp.sum(-1).abs() / (i + 1).double()).sum(-1)[0]
-        sizes["dBias"] = sizes["dBias"] + diagonal_sums(t[0], min(W, L - 1))
-    dbias = sizes["dBias"]
-    if dbias.shape[-1] < W + 1:          # distances >= L never occur
-        dbias = torch.nn.functional.pad(dbias, (0, W + 1 - dbias.shape[-1]))
-    return {"dQ": torch.cat(sizes["dQ"]), "dK": torch.cat(sizes["dK"]), "dTau": sizes["dTau"],
-            "dBias": head_norms(dbias, 1)}
+        t2 = (parts.P * (dp.abs() + (parts.P * dp).sum(-1, keepdim=True).abs())) ** 2
+        sizes["dQ"].append(scale * (t2 @ (kb * kb)).sum(-1).sqrt())
+        sizes["dK"].append(scale * (t2.transpose(-1, -2) @ (qb * qb)).sum(-1).sqrt())
+        sizes["dTau"] = sizes["dTau"] + ((dp / (i + 1).double()[:, None]) ** 2).sum((-1, -2))[0]
+        sizes["dBias"] = sizes["dBias"] + diagonal_sums(t2[0], min(W, L - 1)).sum(-1)
+    return {"dQ": torch.cat(sizes["dQ"]), "dK": torch.cat(sizes["dK"]), "dTau": sizes["dTau"].sqrt(),
+            "dBias": torch.as_tensor(sizes["dBias"]).sqrt()}
 
 
 def run_sdpa(p: Problem, t: dict) -> Outcome:
-    """The drop-in, as a model calls it: 3-D, 4-D or 5-D, ``enable_gqa``; fp32 inputs under
-    bf16 autocast on a GPU (every fourth problem)."""
+    """The drop-in, as a model calls it: the variant names the rank (3-D, 4-D or 5-D tensors)
+    and "+autocast" (fp32 inputs under bf16 autocast, on a GPU); ``enable_gqa`` where H != H_kv."""
     from ..api import scaled_dot_product_attention
 
     q, k, v, do = t["q"], t["k"], t["v"], t["do"]
-    rank = (3, 4, 5)[p.index % 3] if q.shape[0] == 1 else (4, 5)[p.index % 2]
+    rank = int(p.variant[4])                 # "rank3", "rank4+autocast", ...
+    autocast = p.variant.endswith("+autocast")
 
     def shaped(x):
         return x[0] if rank == 3 else (x if rank == 4 else x[None])
 
-    autocast = q.is_cuda and q.dtype == torch.float32 and p.index % 4 == 0
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
 
     def fn(q_, k_, v_):
@@ -298,7 +304,7 @@ def run_sdpa(p: Problem, t: dict) -> Outcome:
             assert o.dtype == torch.bfloat16, f"under bf16 autocast the drop-in returned {o.dtype}"
         return o.reshape(q_.shape).float() if autocast else o.reshape(q_.shape)
 
-    got = _autograd(fn, q, k, v, do)
+    got = kernel_grads(fn, q, k, v, do)
     ref, size = per_head_reference(p, q, k, v, do)
     if autocast:             # the floor: SDPA itself under the same autocast
         lo = [x.to(torch.bfloat16) for x in (q, k, v, do)]

@@ -52,6 +52,9 @@ class Problem:
     logit_scale: float = 1.0         # q is multiplied by this: large logits
     scale: Optional[float] = None    # the softmax scale (None: 1/sqrt(D))
     pool: Optional[tuple] = None     # the families it was drawn among, where not all of them
+    variant: str = ""                # which path of the family: "teaching" / "fast" kernels, "deterministic",
+                                     # the drop-in's rank ("rank3".."rank5", "+autocast")
+    on_gpu: bool = False             # drawn at a GPU's sizes (the CPU interpreter's are smaller)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -59,7 +62,8 @@ class Problem:
 
     def describe(self) -> str:
         """The problem in one line (the reproducer prints it beside the command)."""
-        parts = [self.family, self.dtype, f"B{self.B}", f"H{self.H}/{self.H_kv}",
+        parts = [self.family + (f"[{self.variant}]" if self.variant else ""), self.dtype, f"B{self.B}",
+                 f"H{self.H}/{self.H_kv}",
                  f"S_q={self.S_q}", f"S_k={self.S_k}", f"D={self.D}"]
         if self.causal:
             parts.append("causal")
@@ -83,7 +87,8 @@ class Problem:
 
     def reproducer(self) -> str:
         among = f" --families {','.join(self.pool)}" if self.pool else ""
-        return f"python -m flashattn.fuzz --seed {self.seed} --problem {self.index}{among}   # {self.describe()}"
+        sizes = f" --sizes {'gpu' if self.on_gpu else 'cpu'}"
+        return f"python -m flashattn.fuzz --seed {self.seed} --problem {self.index}{among}{sizes}   # {self.describe()}"
 
     def work(self) -> int:
         """Score elements of the problem (B * H * S_q * S_k): what the float64 reference costs."""
@@ -135,8 +140,12 @@ def _layouts(rng: random.Random) -> tuple:
 def draw(seed: int, index: int, *, on_gpu: bool, families=FAMILIES) -> Problem:
     """Problem ``index`` of the battery seeded ``seed``: the same on every machine of the same
     kind (``on_gpu`` sets the sizes: the CPU interpreter runs programs one after another)."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"families must be among {', '.join(FAMILIES)}, got {', '.join(unknown) or 'none'}")
+    families = tuple(f for f in FAMILIES if f in families)      # the order given does not matter
     rng = random.Random(seed * 1_000_003 + index)
-    family = rng.choice(tuple(families))
+    family = rng.choice(families)
     # On a GPU one problem in five may reach ~9,000 keys; the rest stay under 1,024, where most
     # edges live and a problem costs milliseconds, not seconds (the float64 oracle is per head).
     longest = (9000 if rng.random() < 0.2 else 1024) if on_gpu else 80
@@ -151,8 +160,8 @@ def draw(seed: int, index: int, *, on_gpu: bool, families=FAMILIES) -> Problem:
     if rng.random() < 0.3:
         S_k = S_q
     D = _head_dim(rng, largest_d)
-    pool = None if set(families) == set(FAMILIES) else tuple(families)
-    fields = dict(seed=seed, index=index, pool=pool, family=family, dtype=dtype, B=B, H=H, H_kv=H_kv,
+    pool = None if families == FAMILIES else families
+    fields = dict(seed=seed, index=index, pool=pool, on_gpu=on_gpu, family=family, dtype=dtype, B=B, H=H, H_kv=H_kv,
                   S_q=S_q, S_k=S_k, D=D, causal=rng.random() < 0.5, layouts=_layouts(rng),
                   logit_scale=rng.choice((1.0, 1.0, 1.0, 4.0, 12.0)),
                   scale=rng.choice((None, None, None, 0.3, 1.0)))
@@ -181,8 +190,22 @@ def draw(seed: int, index: int, *, on_gpu: bool, families=FAMILIES) -> Problem:
                       logit_scale=rng.choice((1.0, 1.0, 4.0)))
     elif family == "sdpa":      # the drop-in: leading dims and enable_gqa, as a model calls it
         fields["layouts"] = fields["layouts"][:3] + (rng.choice(("contiguous", "stride0", "bshd")),)
+    fields["variant"] = _variant(rng, family, fields, on_gpu)
     problem = Problem(**fields)
     return _fit(problem, on_gpu)
+
+
+def _variant(rng: random.Random, family: str, fields: dict, on_gpu: bool) -> str:
+    """Which path of the family the problem takes (part of its description)."""
+    if family == "fp32":
+        return rng.choice(("default", "deterministic"))
+    if family in ("window", "dropout", "varlen"):
+        return rng.choice(("teaching", "fast"))
+    if family == "sdpa":
+        rank = rng.choice((3, 4, 5)) if fields["B"] == 1 else rng.choice((4, 5))
+        autocast = on_gpu and fields["dtype"] == "float32" and rng.random() < 0.3
+        return f"rank{rank}" + ("+autocast" if autocast else "")
+    return ""
 
 
 def _fit(problem: Problem, on_gpu: bool) -> Problem:
