@@ -432,3 +432,19 @@ def test_the_backward_kernels_multiply_fp32_with_tf32x3_not_bf16_splits(monkeypa
         assert tuning.constants(q, False, backward=True)["DOT_PRECISION"] == "tf32x3"
     monkeypatch.setattr(flashattn.runtime, "fast_dot_precision", lambda dtype: "tf32")
     assert tuning.constants(q, True, backward=True)["DOT_PRECISION"] == "tf32"      # TF32 allowed: kept
+
+
+def test_the_fused_backward_has_no_nan_from_padded_keys_at_large_logits():
+    """Found by flashattn.fuzz: in the fused backward (fp32's default) the padded key rows of the
+    last tile (K = 0, so S = 0) had P = exp2(-LSE) = +inf for a query row whose scores were all
+    below about -88, and dQ = dS^T K took inf * 0 = NaN from them. S_k = 1, scale 1, large q."""
+    torch.manual_seed(0)
+    q = 12 * torch.randn(1, 2, 9, 32, device=DEVICE)
+    k, v = torch.randn(1, 2, 1, 32, device=DEVICE), torch.randn(1, 2, 1, 32, device=DEVICE)
+    q[0, 0, 0] = -4.0 * k[0, 0, 0] / k[0, 0, 0].norm() * 40      # a row whose one score is about -160
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = fast.flash_attention_fast(*leaves, causal=False, scale=1.0, backward="fused")
+    out.backward(torch.randn_like(out))
+    for t in leaves:
+        assert torch.isfinite(t.grad).all()
+    assert torch.allclose(leaves[0].grad, torch.zeros_like(q), atol=1e-4)     # one key: dS = 0 exactly

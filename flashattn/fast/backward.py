@@ -267,6 +267,11 @@ def _dkdv_tiles(dk, dv, dk_t, dv_t, k, v, k_t, v_t, q_base, do_base, lse_base, d
             pT = tl.exp2(sT * qk_scale - lse2[None, :])
             if MASKED:
                 pT = tl.where(_sees(offs_m[None, :], offs_n[:, None], LEFT, RIGHT, WINDOW), pT, 0.0)
+            if FUSED_DQ:
+                # Padded key rows (past S_k) hold K = 0, so S = 0 there and P = exp2(-LSE): +inf for a
+                # row whose scores are all below about -88 (large logits). Their dK, dV are never
+                # stored, but dQ takes dS^T K over every key row, and inf * 0 is NaN: P = 0 there.
+                pT = tl.where((offs_n < S_k)[:, None], pT, 0.0)
             if DROPOUT:   # the forward's Z, transposed: its 8-bit draws cross threads through shared memory
                 drawsT = tl.trans(dropout_draws(seed, seq_head, start_m, start_n, S_k, BLOCK_M, BLOCK_N))
                 keepT = dropout_survives(drawsT, threshold)

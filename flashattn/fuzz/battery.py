@@ -41,6 +41,9 @@ ROUNDING_UNITS = 4.0
 #: coarsest default GPU products (tf32x3: three TF32 products, about 1e-6 relative error each)
 PRODUCT_UNIT = {torch.float16: torch.finfo(torch.float16).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps,
                 torch.float32: 1e-6, torch.float64: 1e-15}
+#: the rounding unit of S = Q K^T: fp32 accumulation of exact products for fp16/bf16 inputs, the
+#: split products' (tf32x3, bf16x6) for fp32 ones
+SCORE_UNIT = {torch.float16: 2.0 ** -23, torch.bfloat16: 2.0 ** -23, torch.float32: 1e-6, torch.float64: 1e-15}
 #: a problem still running after this many seconds fails (and its worker is replaced)
 PROBLEM_TIMEOUT_S = 300
 
@@ -50,7 +53,9 @@ def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]
 
     Row by row (a per-head norm would dilute an error in one row, the last tile's say, by the
     square root of the length), the error ||got - ref|| may reach the largest of: the dtype's
-    relative tolerance of ||ref|| (or of a thousandth of a typical row, for a row that is ~0);
+    relative tolerance of ||ref|| (or of a thousandth of a typical row, for a row that is ~0), or
+    where the logits are large, a few roundings of S times their bound (P = exp(S - LSE) turns
+    S's absolute error into its own relative error);
     FLOOR_FACTOR times SDPA's own error on that row; and for dQ and dK a few roundings of the
     terms that add up to the row (where those cancel, rounding is all there is). Lazy
     attention's dBias and dTau are judged per head."""
@@ -74,7 +79,9 @@ def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]
         err = head_norms(got.double() - ref, 1) if param else row_norms(got.double() - ref)
         norm = head_norms(ref, 1) if param else row_norms(ref)
         typical = float(norm.pow(2).mean().sqrt())
-        allowed = BASE_TOLERANCE[dtype] * (PARAM_FACTOR if param else 1.0) * norm.clamp_min(1e-3 * typical)
+        relative = max(BASE_TOLERANCE[dtype] * (PARAM_FACTOR if param else 1.0),
+                       ROUNDING_UNITS * SCORE_UNIT[dtype] * outcome.logits)     # large logits
+        allowed = relative * norm.clamp_min(1e-3 * typical)
         if name in outcome.floor:
             allowed = torch.maximum(allowed, FLOOR_FACTOR * outcome.floor[name].to(allowed.device))
         if name in outcome.size:

@@ -34,6 +34,14 @@ class Outcome:
     size: dict = dataclasses.field(default_factory=dict)    # name -> the terms' size per row
     per_head_param: tuple = ()              # names shaped [H, ...] (lazy attention's parameters): per head
     dtype: Optional[torch.dtype] = None     # the precision to judge by (default: the problem's)
+    logits: float = 1.0                     # a bound on |S| = |q.k| * scale: large logits amplify rounding
+
+
+def logit_bound(q, k, scale: Optional[float]) -> float:
+    """max_i |q_i| * max_j |k_j| * scale >= every |S_ij|: P = exp(S - LSE) carries S's absolute
+    rounding as its relative error, so large logits amplify the products' rounding that much."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return max(1.0, float(q.detach().double().norm(dim=-1).max() * k.detach().double().norm(dim=-1).max() * scale))
 
 
 def row_norms(x: torch.Tensor) -> torch.Tensor:
@@ -162,7 +170,7 @@ def _dense(p: Problem, t: dict, fn) -> Outcome:
     plain = dataclasses.replace(p, dropout_p=0.0)     # SDPA has no twin of the kernels' mask:
     floor = sdpa_floor(plain, q, k, v, do,              # its error without dropout stands in
                        ref if not p.dropout_p else per_head_reference(plain, q, k, v, do)[0])
-    return Outcome(got, ref, floor, size)
+    return Outcome(got, ref, floor, size, logits=logit_bound(q, k, p.scale))
 
 
 def run_lesson(p: Problem, t: dict) -> Outcome:
@@ -232,7 +240,8 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
             size["dK"][0, h // group, keys] += rows_dk ** 2
     size["dK"] = size["dK"].sqrt()
     as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}      # [1, H, total, D], as judged
-    return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, size=size)
+    return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, size=size,
+                   logits=logit_bound(q, k, p.scale))
 
 
 def run_lazy(p: Problem, t: dict) -> Outcome:
@@ -252,7 +261,7 @@ def run_lazy(p: Problem, t: dict) -> Outcome:
         floor = {n: (head_norms(low[n].double() - ref[n], 1) if n in ("dBias", "dTau")
                      else row_norms(low[n].double() - ref[n])) for n in got}
     return Outcome(got, ref, floor, lazy_term_sizes(q, k, v, bias, tau, do, p.scale),
-                   per_head_param=("dBias", "dTau"))
+                   per_head_param=("dBias", "dTau"), logits=logit_bound(q, k, p.scale) + float(bias.abs().max()))
 
 
 @torch.no_grad()
@@ -308,8 +317,9 @@ def run_sdpa(p: Problem, t: dict) -> Outcome:
     ref, size = per_head_reference(p, q, k, v, do)
     if autocast:             # the floor: SDPA itself under the same autocast
         lo = [x.to(torch.bfloat16) for x in (q, k, v, do)]
-        return Outcome(got, ref, sdpa_floor(p, *lo, ref), size, dtype=torch.bfloat16)
-    return Outcome(got, ref, sdpa_floor(p, q, k, v, do, ref), size)
+        return Outcome(got, ref, sdpa_floor(p, *lo, ref), size, dtype=torch.bfloat16,
+                       logits=logit_bound(q, k, p.scale))
+    return Outcome(got, ref, sdpa_floor(p, q, k, v, do, ref), size, logits=logit_bound(q, k, p.scale))
 
 
 def run_cuda(p: Problem, t: dict) -> Outcome:
@@ -325,7 +335,7 @@ def run_cuda(p: Problem, t: dict) -> Outcome:
     cuda_appendix.launch_dkdv(q, k, v, do, lse, delta, dk, dv, p.causal, scale)
     got = {"O": o, "dQ": dq, "dK": dk, "dV": dv}
     ref, size = per_head_reference(p, q, k, v, do)
-    return Outcome(got, ref, sdpa_floor(p, q, k, v, do, ref), size)
+    return Outcome(got, ref, sdpa_floor(p, q, k, v, do, ref), size, logits=logit_bound(q, k, scale))
 
 
 RUNNERS = {"lesson": run_lesson, "fast": run_fast, "fp32": run_fp32, "window": run_window,
