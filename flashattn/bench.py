@@ -194,22 +194,14 @@ ABLATION_STEPS = [
 ]
 
 
-def _with_env(fn, **env):
-    """``fn`` run with these environment variables set (FLASHATTN_TMA=0: the forward's and the
-    dK/dV kernel's pointer loads; FLASHATTN_TMA_STATS=0: the LSE and delta by pointer loads)."""
-    import os
+def with_settings(fn, **changes):
+    """``fn`` run with these ``flashattn.settings`` (tma=False: the forward's and the dK/dV
+    kernel's pointer loads; tma_stats=False: the LSE and delta by pointer loads)."""
+    from . import settings
 
     def run():
-        before = {name: os.environ.get(name) for name in env}
-        os.environ.update(env)
-        try:
+        with settings.override(**changes):
             return fn()
-        finally:
-            for name, value in before.items():
-                if value is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = value
     return run
 
 
@@ -241,14 +233,14 @@ def _ablation_variant(step: str, q, k, v, do, causal, scale):
             with planted.plant(*names):
                 return fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, config=fixed["bwd"])
 
-        return _with_env(fwd, FLASHATTN_TMA="0"), _with_env(bwd, FLASHATTN_TMA="0")   # TMA is a later step
+        return with_settings(fwd, tma=False), with_settings(bwd, tma=False)   # TMA is a later step
     fwd = lambda: fast_fwd.fast_attention_forward(q, k, v, causal, scale)  # noqa: E731
     if step == "fused":
         return fwd, lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale, fused=True)
     bwd = lambda: fast_bwd.fast_attention_backward(q, k, v, o, do, lse, causal, scale)  # noqa: E731
     if step == "fast-pointers":
-        return _with_env(fwd, FLASHATTN_TMA="0"), _with_env(bwd, FLASHATTN_TMA="0")
-    return fwd, (_with_env(bwd, FLASHATTN_TMA_STATS="0") if step == "fast-tma-tiles" else bwd)
+        return with_settings(fwd, tma=False), with_settings(bwd, tma=False)
+    return fwd, (with_settings(bwd, tma_stats=False) if step == "fast-tma-tiles" else bwd)
 
 
 def run_ablation(dtype="fp16", head_dims=(64, 128), seqlen=4096, causals=(False, True),

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from . import runtime
 from .api import scaled_dot_product_attention
-from .bench import _with_env, attention_flops, median_ms
+from .bench import attention_flops, median_ms, with_settings
 
 
 def _sdpa(backend: str | None) -> Callable:
@@ -122,7 +122,7 @@ def run(rep_ms=100, progress=True, on_row=None, groups=None) -> list[dict]:
             return measure(PROVIDERS[name], c["B"], c["H"], c["H_kv"] or c["H"], c["S_q"], c["S_k"], c["D"],
                            c["causal"], DTYPES[c["dtype"]], rep_ms, DTYPES.get(c.get("autocast")))
         if "fp32_precision" in c:
-            one_row = _with_env(one_row, **{runtime.FP32_PRECISION_ENV: c["fp32_precision"]})
+            one_row = with_settings(one_row, fp32_precision=c["fp32_precision"])
         before = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = c.get("tf32", False)
         try:

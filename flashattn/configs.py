@@ -17,13 +17,12 @@ One config type, :class:`KernelConfig`; the fast kernels' autotuner gets the sam
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import torch
 
-from . import runtime
+from . import runtime, settings
 
 
 @dataclass(frozen=True)
@@ -235,20 +234,9 @@ SHARED_MEMORY_ENV = "FLASHATTN_MAX_SHARED_MEMORY"
 
 
 def shared_memory_cap() -> Optional[int]:
-    """The cap set by ``FLASHATTN_MAX_SHARED_MEMORY`` (bytes; ``64K`` and ``65536`` both work),
-    or None."""
-    raw = os.environ.get(SHARED_MEMORY_ENV, "").strip()
-    if not raw:
-        return None
-    scale = 1024 if raw[-1] in "kK" else 1
-    try:
-        value = int(raw[:-1] if scale == 1024 else raw) * scale
-    except ValueError:
-        raise ValueError(f"{SHARED_MEMORY_ENV} must be a number of bytes such as 65536 or 64K, "
-                         f"got {raw!r}") from None
-    if value < 16 * 1024:
-        raise ValueError(f"{SHARED_MEMORY_ENV}={raw} is below 16 KB, the smallest tile's need")
-    return value
+    """The cap set by ``FLASHATTN_MAX_SHARED_MEMORY`` (bytes; ``64K`` and ``65536`` both work;
+    read at import, ``flashattn.settings``), or None."""
+    return settings.current.max_shared_memory
 
 
 def device_shared_memory(device: Optional[torch.device] = None) -> int:

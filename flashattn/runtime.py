@@ -71,6 +71,8 @@ if INTERPRET and "triton" in __import__("sys").modules:
 import torch  # noqa: E402  (after the interpreter decision on purpose)
 import triton  # noqa: E402
 
+from . import settings  # noqa: E402
+
 
 def _index_of_scalar(self) -> int:
     # A scalar in the interpreter is a NumPy array of one element, of shape () or (1,).
@@ -238,7 +240,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 #: twice TF32's rate, so six bf16 products cost what three TF32 ones do, and a bf16 tile takes
 #: half the shared memory: on the H100, D=128 causal, bf16x6 ran the forward in 4.4 ms against
 #: 7.1 with tf32x3, the backward in 26 against 31 (bf16x3: 3.0 and 14.6).
-FP32_PRECISIONS = ("bf16x6", "tf32x3", "bf16x3", "ieee")
+FP32_PRECISIONS = settings.FP32_PRECISIONS
 FP32_PRECISION_ENV = "FLASHATTN_FP32_PRECISION"
 
 
@@ -253,15 +255,16 @@ def triton_knows_precision(precision: str) -> bool:
         return precision in ("tf32", "tf32x3", "ieee")
 
 
+def _default_fp32_precision() -> str:
+    bf16_cores = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
+    return "bf16x6" if bf16_cores and triton_knows_precision("bf16x6") else "tf32x3"
+
+
 def fp32_precision_choice() -> str:
     """The fp32 products' precision when TF32 is not allowed: ``FLASHATTN_FP32_PRECISION`` if
-    set (one of ``FP32_PRECISIONS``), else "bf16x6" where this Triton offers it and the GPU has
-    bf16 tensor cores (sm 8.0+), else "tf32x3"."""
-    bf16_cores = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
-    default = "bf16x6" if bf16_cores and triton_knows_precision("bf16x6") else "tf32x3"
-    choice = os.environ.get(FP32_PRECISION_ENV, "").strip().lower() or default
-    if choice not in FP32_PRECISIONS:
-        raise ValueError(f"{FP32_PRECISION_ENV} must be one of {FP32_PRECISIONS}, got {choice!r}")
+    set (one of ``FP32_PRECISIONS``; ``settings.fp32_precision``), else "bf16x6" where this Triton
+    offers it and the GPU has bf16 tensor cores (sm 8.0+), else "tf32x3"."""
+    choice = settings.current.fp32_precision or _default_fp32_precision()
     if not triton_knows_precision(choice):
         raise ValueError(f"{FP32_PRECISION_ENV}={choice!r}: this Triton ({triton.__version__}) does not offer "
                          f"that input_precision; use 'tf32x3' or 'ieee', or a newer Triton")
@@ -389,7 +392,7 @@ def validate_row_stats(q, **stats) -> None:
 # --------------------------------------------------------------------------------------
 # outputs: optionally poisoned with NaN so that unwritten elements show up in tests
 # --------------------------------------------------------------------------------------
-_poison = os.environ.get("FLASHATTN_POISON", "0") == "1"
+_poison = settings.current.poison
 
 
 @contextlib.contextmanager

@@ -26,6 +26,21 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32] if ON_GPU else [torch.fl
 TOL = {torch.float64: 1e-10, torch.float32: 2e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
 
 
+@pytest.fixture
+def setenv(monkeypatch):
+    """``setenv(name, value)`` / ``setenv(name)`` (unset): a FLASHATTN_* switch as if the process
+    had started with it -- the environment and ``flashattn.settings``, which reads it at import."""
+    from flashattn import settings
+
+    def set_(name, value=None):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(settings, "current", settings.read())
+    return set_
+
+
 @pytest.fixture(autouse=True)
 def poison_outputs():
     with runtime.poisoned_outputs():

@@ -97,22 +97,23 @@ def test_bigger_device_gets_bigger_tiles():
 
 
 @pytest.mark.parametrize("raw, value", [("65536", 65536), ("64K", 65536), ("100k", 102400), ("", None)])
-def test_shared_memory_cap_from_the_environment(monkeypatch, raw, value):
-    monkeypatch.setenv(configs.SHARED_MEMORY_ENV, raw)
+def test_shared_memory_cap_from_the_environment(setenv, raw, value):
+    setenv(configs.SHARED_MEMORY_ENV, raw)
     assert configs.shared_memory_cap() == value
 
 
 @pytest.mark.parametrize("raw", ["lots", "1K", "-5"])
-def test_bad_shared_memory_cap_is_refused(monkeypatch, raw):
-    monkeypatch.setenv(configs.SHARED_MEMORY_ENV, raw)
-    with pytest.raises(ValueError, match=configs.SHARED_MEMORY_ENV):
-        configs.shared_memory_cap()
+def test_bad_shared_memory_cap_is_refused(raw):
+    from flashattn import settings
+
+    with pytest.raises(ValueError, match=configs.SHARED_MEMORY_ENV):    # where it is read: at import
+        settings.read({configs.SHARED_MEMORY_ENV: raw})
 
 
 @pytest.mark.skipif(not ON_GPU, reason="reads the GPU's shared memory (CPU: the interpreter has no limit)")
-def test_cap_lowers_the_device_limit(monkeypatch):
+def test_cap_lowers_the_device_limit(setenv):
     real = configs.device_shared_memory()
-    monkeypatch.setenv(configs.SHARED_MEMORY_ENV, "64K")
+    setenv(configs.SHARED_MEMORY_ENV, "64K")
     assert configs.device_shared_memory() == min(real, 65536)
 
 

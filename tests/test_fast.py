@@ -79,20 +79,20 @@ def test_fast_strides_and_dtypes(dtype, do_layout, D):
         assert_close_per_head(name, got[name], ref[name], TOL[dtype])
 
 
-def test_split_head_dim_only_where_it_saves_columns(monkeypatch):
+def test_split_head_dim_only_where_it_saves_columns(monkeypatch, setenv):
     """128 < D <= 192: a 128-column tile and a tail of the next power of two (>= 16), so 144 to 192
     columns of work instead of 256; nothing to save elsewhere; FLASHATTN_SPLIT_D=0: off."""
     from flashattn.fast import tuning
 
     assert [tuning.head_dim_tail(D) for D in (136, 144, 152, 160, 168, 184, 192)] == [16, 16, 32, 32, 64, 64, 64]
     assert [tuning.head_dim_tail(D) for D in (8, 64, 120, 128, 200, 256)] == [0] * 6
-    monkeypatch.setenv(tuning.SPLIT_D_ENV, "0")
+    setenv(tuning.SPLIT_D_ENV, "0")
     assert tuning.head_dim_tail(160) == 0
 
 
 @pytest.mark.parametrize("D, switch, tail", [(160, None, 32), (184, None, 64), (136, None, 16), (128, None, 0),
                                              (256, None, 0), (160, "0", 0)])
-def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail):
+def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail, setenv):
     """What the launcher hands the kernels: the two kernels split (main tile BLOCK_D = 128,
     unmasked), the fused one never does."""
     from flashattn.fast import backward, tuning
@@ -100,7 +100,7 @@ def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail):
     launched = {}
     monkeypatch.setattr(tuning, "run", lambda name, raw, tuned, grid, args, meta, **kw: launched.update({name: meta}))
     if switch is not None:
-        monkeypatch.setenv(tuning.SPLIT_D_ENV, switch)
+        setenv(tuning.SPLIT_D_ENV, switch)
     q, k, v, o, do = (rand(1, 2, 8, D, dtype=FAST_DTYPES[0]) for _ in range(5))
     lse = torch.randn(1, 2, 8, device=q.device)
     for fused in (False, True):
@@ -116,7 +116,7 @@ def test_backward_launches_the_split_where_chosen(monkeypatch, D, switch, tail):
 @pytest.mark.parametrize("D, switch, launches", [(256, None, ["dk", "dv"]), (200, None, ["dk", "dv"]),
                                                  (192, None, ["dkdv"]), (128, None, ["dkdv"]),
                                                  (256, "0", ["dkdv"])])
-def test_dk_and_dv_launched_apart_at_head_dim_256(monkeypatch, D, switch, launches):
+def test_dk_and_dv_launched_apart_at_head_dim_256(monkeypatch, D, switch, launches, setenv):
     """A padded head dim of 256: the dK/dV kernel runs twice, DKDV_PART 1 (dK) then 2 (dV), each
     with its own tiles; one launch of both elsewhere, with FLASHATTN_SPLIT_DKDV=0, and fused."""
     from flashattn.fast import backward, tuning
@@ -124,7 +124,7 @@ def test_dk_and_dv_launched_apart_at_head_dim_256(monkeypatch, D, switch, launch
     launched = []
     monkeypatch.setattr(tuning, "run", lambda name, raw, tuned, grid, args, meta, **kw: launched.append((name, meta)))
     if switch is not None:
-        monkeypatch.setenv(tuning.SPLIT_DKDV_ENV, switch)
+        setenv(tuning.SPLIT_DKDV_ENV, switch)
     q, k, v, o, do = (rand(1, 2, 8, D, dtype=FAST_DTYPES[0]) for _ in range(5))
     lse = torch.randn(1, 2, 8, device=q.device)
     backward.fast_attention_backward(q, k, v, o, do, lse, True, D ** -0.5, needs_dq=False)
@@ -137,7 +137,7 @@ def test_dk_and_dv_launched_apart_at_head_dim_256(monkeypatch, D, switch, launch
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_dk_and_dv_apart_agree_with_one_launch(monkeypatch, causal):
+def test_dk_and_dv_apart_agree_with_one_launch(monkeypatch, causal, setenv):
     """D = 232 (padded to 256): the two launches (dK only, dV only) against one launch of both
     (FLASHATTN_SPLIT_DKDV=0), GQA, S_q != S_k, outputs poisoned with NaN: each launch writes every
     element of its gradient, and the same sums come out (on a GPU in other tiles' order)."""
@@ -151,7 +151,7 @@ def test_dk_and_dv_apart_agree_with_one_launch(monkeypatch, causal):
     o, lse = fast_attention_forward(q, k, v, causal, 232 ** -0.5)
     assert tuning.dkdv_parts(232, False) == ("dk", "dv")
     apart = fast_attention_backward(q, k, v, o, do, lse, causal, 232 ** -0.5, needs_dq=False)
-    monkeypatch.setenv(tuning.SPLIT_DKDV_ENV, "0")
+    setenv(tuning.SPLIT_DKDV_ENV, "0")
     together = fast_attention_backward(q, k, v, o, do, lse, causal, 232 ** -0.5, needs_dq=False)
     for name, a, b in zip(("dK", "dV"), apart[1:], together[1:]):
         assert torch.isfinite(a).all(), name
@@ -159,7 +159,7 @@ def test_dk_and_dv_apart_agree_with_one_launch(monkeypatch, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_split_and_padded_backward_agree(monkeypatch, causal):
+def test_split_and_padded_backward_agree(monkeypatch, causal, setenv):
     """The split (D=152: 128 + a tail of 32, 8 columns masked) against the padded kernels
     (FLASHATTN_SPLIT_D=0), GQA, S_q != S_k: the same sums in another order."""
     from flashattn.fast import fast_attention_backward, fast_attention_forward
@@ -169,7 +169,7 @@ def test_split_and_padded_backward_agree(monkeypatch, causal):
     k, v = rand(1, 2, 61, 152, dtype=dtype), rand(1, 2, 61, 152, dtype=dtype, layout="sliced")
     o, lse = fast_attention_forward(q, k, v, causal, 152 ** -0.5)
     split = fast_attention_backward(q, k, v, o, do, lse, causal, 152 ** -0.5)
-    monkeypatch.setenv("FLASHATTN_SPLIT_D", "0")
+    setenv("FLASHATTN_SPLIT_D", "0")
     padded = fast_attention_backward(q, k, v, o, do, lse, causal, 152 ** -0.5)
     for name, a, b in zip(("dQ", "dK", "dV"), split, padded):
         assert_close_per_head(name, a, b, TOL[dtype])
@@ -183,7 +183,7 @@ def test_fast_refuses_what_it_cannot_do():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="TF32 is a GPU matter: the interpreter multiplies fp32 exactly")
-def test_fp32_uses_tf32_only_when_torch_allows_it(monkeypatch):
+def test_fp32_uses_tf32_only_when_torch_allows_it(monkeypatch, setenv):
     """Every fp32 precision this Triton offers, at the accuracy the package promises for it:
     bf16x6 (the default), tf32x3 and ieee at fp32's, the opt-in bf16x3 at ~1e-5, TF32 only with
     torch's switch on."""
@@ -195,19 +195,19 @@ def test_fp32_uses_tf32_only_when_torch_allows_it(monkeypatch):
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
-        monkeypatch.delenv(runtime.FP32_PRECISION_ENV, raising=False)
+        setenv(runtime.FP32_PRECISION_ENV)
         assert runtime.fast_dot_precision(torch.float32) == runtime.fp32_precision_choice()
         if torch.cuda.get_device_capability()[0] >= 8 and runtime.triton_knows_precision("bf16x6"):
             assert runtime.fp32_precision_choice() == "bf16x6"
         for precision in runtime.FP32_PRECISIONS:
             if not runtime.triton_knows_precision(precision):
                 continue
-            monkeypatch.setenv(runtime.FP32_PRECISION_ENV, precision)
+            setenv(runtime.FP32_PRECISION_ENV, precision)
             assert runtime.fast_dot_precision(torch.float32) == precision
             got = _run(q, k, v, do, False, "two-kernel")
             for name in ("O", "dQ", "dK", "dV"):
                 assert_close_per_head(f"{name} ({precision})", got[name], ref[name], bound[precision])
-        monkeypatch.delenv(runtime.FP32_PRECISION_ENV)
+        setenv(runtime.FP32_PRECISION_ENV)
         torch.backends.cuda.matmul.allow_tf32 = True
         assert runtime.fast_dot_precision(torch.float32) == "tf32"
         fast_tf32 = _run(q, k, v, do, False, "two-kernel")
@@ -217,22 +217,22 @@ def test_fp32_uses_tf32_only_when_torch_allows_it(monkeypatch):
         assert_close_per_head(name, fast_tf32[name], ref[name], 5e-3)    # TF32's (10 mantissa bits)
 
 
-def test_fp32_precision_choice_says_what_it_takes(monkeypatch):
+def test_fp32_precision_choice_says_what_it_takes(monkeypatch, setenv):
     """FLASHATTN_FP32_PRECISION: one of four names, case and spaces forgiven; anything else is
     refused with the list; unset, the most accurate this Triton and GPU offer."""
     from flashattn import runtime
 
-    monkeypatch.delenv(runtime.FP32_PRECISION_ENV, raising=False)
+    setenv(runtime.FP32_PRECISION_ENV)
     assert runtime.fp32_precision_choice() in ("bf16x6", "tf32x3")
-    monkeypatch.setenv(runtime.FP32_PRECISION_ENV, " TF32X3 ")
+    setenv(runtime.FP32_PRECISION_ENV, " TF32X3 ")
     assert runtime.fp32_precision_choice() == "tf32x3"
-    monkeypatch.setenv(runtime.FP32_PRECISION_ENV, "tf32")
+    from flashattn import settings
     with pytest.raises(ValueError, match=r"one of \('bf16x6', 'tf32x3', 'bf16x3', 'ieee'\), got 'tf32'"):
-        runtime.fp32_precision_choice()
+        settings.read({runtime.FP32_PRECISION_ENV: "tf32"})       # refused where it is read: at import
     monkeypatch.setattr(runtime, "triton_knows_precision", lambda p: p in ("tf32", "tf32x3", "ieee"))
-    monkeypatch.delenv(runtime.FP32_PRECISION_ENV)
+    setenv(runtime.FP32_PRECISION_ENV)
     assert runtime.fp32_precision_choice() == "tf32x3"
-    monkeypatch.setenv(runtime.FP32_PRECISION_ENV, "bf16x6")
+    setenv(runtime.FP32_PRECISION_ENV, "bf16x6")
     with pytest.raises(ValueError, match="does not offer that input_precision"):
         runtime.fp32_precision_choice()
 
@@ -265,7 +265,7 @@ def _hopper_with_descriptors() -> bool:
     return ON_GPU and torch.cuda.get_device_capability()[0] >= 9 and hasattr(tl, "make_tensor_descriptor")
 
 
-def test_tma_loads_only_where_their_rules_hold(monkeypatch):
+def test_tma_loads_only_where_their_rules_hold(monkeypatch, setenv):
     """The kernels load tiles through tensor descriptors (the forward K and V, the dK/dV kernel
     Q and dO) only on a Hopper-class GPU, for 16-bit data with unit last stride and 16-byte aligned strides and address."""
     from flashattn.fast import tuning
@@ -278,7 +278,7 @@ def test_tma_loads_only_where_their_rules_hold(monkeypatch):
     assert not tuning.tma_ready(spec(), spec(stride=(64 * 256, 64 * 256, 256, 2)))    # last stride 2
     assert not tuning.tma_ready(spec(stride=(4 * 67 * 128, 67 * 128, 131, 1)), spec())  # a row of 262 bytes
     assert not tuning.tma_ready(spec(torch.float32), spec(torch.float32))
-    monkeypatch.setenv("FLASHATTN_TMA", "0")
+    setenv("FLASHATTN_TMA", "0")
     assert not tuning.tma_ready(spec(), spec())
 
 
@@ -305,7 +305,7 @@ def test_short_causal_forward_takes_its_own_tile(monkeypatch, S_k, causal, dtype
     assert configs.fitting("fast_fwd", 64, 2, big, "short")[0] == configs.PREFERRED[("fast_fwd", 64)]
 
 
-def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch):
+def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch, setenv):
     """With TMA on, the LSE and delta vectors come through 1-D descriptors too -- only where the
     address and every stride but the last (which must be 1) are 16-byte aligned."""
     from flashattn.fast import tuning
@@ -317,7 +317,7 @@ def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch):
     assert not tuning.tma_stats_ready(spec(ptr=4))                        # address 4 bytes off
     assert not tuning.tma_stats_ready(spec(stride=(4 * 66, 66, 1)))      # rows of 66 values: 264 bytes
     assert not tuning.tma_stats_ready(spec(stride=(4 * 128, 128, 2)))    # every other value
-    monkeypatch.setenv("FLASHATTN_TMA_STATS", "0")
+    setenv("FLASHATTN_TMA_STATS", "0")
     assert not tuning.tma_stats_ready(spec())
 
 
@@ -325,7 +325,7 @@ def test_lse_and_delta_descriptors_only_where_aligned(monkeypatch):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 8, 2, 2100, 1777, 128), (1, 4, 4, 2048, 3001, 128)],
                          ids=lambda s: "B{}H{}Hkv{}Sq{}Sk{}D{}".format(*s))
-def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal):
+def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal, setenv):
     """Same tiles, same values loaded (rows past S_q or S_k arrive as zeros either way): the
     forward (K and V by TMA at D = 128) and the backward (Q and dO at D = 128, S_q >= 2048)
     equal the ones with pointer loads bit for bit, Q in the [B, S, H, D] layout."""
@@ -341,7 +341,7 @@ def test_tma_loads_give_the_pointer_loads_bits(monkeypatch, shape, causal):
     assert tuning.tma_ready(q, do) and tuning.tma_ready(k, v)
     o, lse = fast_attention_forward(q, k, v, causal, D ** -0.5)
     with_tma = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
-    monkeypatch.setenv("FLASHATTN_TMA", "0")
+    setenv("FLASHATTN_TMA", "0")
     o_ptr, lse_ptr = fast_attention_forward(q, k, v, causal, D ** -0.5)
     without = fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5)
     assert torch.equal(o, o_ptr) and torch.equal(lse, lse_ptr), "forward"
@@ -367,7 +367,7 @@ def test_fp32_pieces_add_up_to_the_input():
         split_pieces(x, x.half())
 
 
-def test_fp32_backward_runs_fused_on_pieces_by_default(monkeypatch):
+def test_fp32_backward_runs_fused_on_pieces_by_default(monkeypatch, setenv):
     """What the launcher runs: fp32 with head dims up to 128 and none of lesson 09's features, the
     fused kernel on bf16 pieces (one launch, after the split); fp16, wider heads, a window,
     FLASHATTN_FP32_PIECES=0 and torch.use_deterministic_algorithms, the two kernels."""
@@ -390,9 +390,9 @@ def test_fp32_backward_runs_fused_on_pieces_by_default(monkeypatch):
     assert launched(D=136) == [("dq", False), ("dkdv", False)]            # a 256-column tile
     assert launched(window_args=(True, 3, 0)) == [("dq", False), ("dkdv", False)]
     assert launched(needs_dq=False) == [("dkdv", False)]
-    monkeypatch.setenv(tuning.FP32_PIECES_ENV, "0")
+    setenv(tuning.FP32_PIECES_ENV, "0")
     assert launched() == [("dq", False), ("dkdv", False)]
-    monkeypatch.delenv(tuning.FP32_PIECES_ENV)
+    setenv(tuning.FP32_PIECES_ENV)
     torch.use_deterministic_algorithms(True)
     try:
         assert launched() == [("dq", False), ("dkdv", False)]

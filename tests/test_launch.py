@@ -3,6 +3,7 @@ binding. Two things must hold: a kind of arguments names exactly what Triton spe
 (checked against Triton's own binder, which runs on the CPU too), and a direct call hands the
 compiled kernel's launcher what ``kernel[grid]`` would. On a GPU, direct and plain launches give
 the same bits."""
+import dataclasses
 import inspect
 import warnings
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from flashattn import runtime
+from flashattn import runtime, settings
 from flashattn.backward import attn_bwd_delta_kernel
 from flashattn.fast import launch, tuning
 from flashattn.fast.backward import fast_attention_backward, fast_dkdv_kernel, fast_dq_kernel
@@ -151,7 +152,7 @@ def direct_on(monkeypatch):
     """The direct path as on a GPU: not interpreting, a stand-in driver, fresh process state."""
     monkeypatch.setattr(runtime, "INTERPRET", False)
     monkeypatch.setattr(launch, "driver", FakeDriver)
-    monkeypatch.setattr(launch, "_direct", True)
+    monkeypatch.setattr(settings, "current", dataclasses.replace(settings.current, direct_launch=True))
     monkeypatch.setattr(launch, "_proven", False)
 
 
@@ -194,7 +195,7 @@ def test_a_launcher_that_refuses_turns_the_direct_path_off(direct_on):
     direct((1,), args)
     with pytest.warns(RuntimeWarning, match="direct launch"):
         direct((1,), args)                        # refused before launching: the plain launch runs it
-    assert [entry[0] for entry in kernel.log] == ["plain", "plain"] and not launch._direct
+    assert [entry[0] for entry in kernel.log] == ["plain", "plain"] and not settings.current.direct_launch
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         direct((1,), args)                        # and every later one, without a word

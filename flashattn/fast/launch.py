@@ -26,18 +26,17 @@ this module expects (then it turns itself off, once, and says so in a warning).
 from __future__ import annotations
 
 import operator
-import os
 import warnings
 
 import torch
 from triton import knobs
 from triton.runtime import driver
 
-from .. import runtime
+from .. import runtime, settings
 
-#: Environment variable: ``FLASHATTN_DIRECT_LAUNCH=0`` launches every kernel through ``kernel[grid]``.
+#: Environment variable: ``FLASHATTN_DIRECT_LAUNCH=0`` launches every kernel through ``kernel[grid]``
+#: (``settings.direct_launch``).
 DIRECT_ENV = "FLASHATTN_DIRECT_LAUNCH"
-_direct = os.environ.get(DIRECT_ENV, "").strip() != "0"
 _proven = False     # a direct launch has succeeded: this Triton's launchers take what we pass
 #: Kinds of arguments remembered per kernel variant before the memory is cleared (a model fed
 #: ever new shapes must not grow it without bound; a new kind only costs one plain launch).
@@ -46,8 +45,7 @@ MAX_KINDS = 256
 
 def set_direct(enabled: bool) -> None:
     """Launch through the kept compiled kernels (True) or always through ``kernel[grid]`` (False)."""
-    global _direct
-    _direct = bool(enabled)
+    settings.set_values(direct_launch=bool(enabled))
 
 
 def _picker(positions):
@@ -103,7 +101,7 @@ class DirectLaunch:
                 tuple([(t.dtype, not t.data_ptr() & 15) for t in tensors(args)]))
 
     def __call__(self, grid: tuple, args: tuple) -> None:
-        if not (_direct and _hooks_idle()) or runtime.INTERPRET or getattr(self.raw, "pre_run_hooks", None):
+        if not (settings.current.direct_launch and _hooks_idle()) or runtime.INTERPRET or getattr(self.raw, "pre_run_hooks", None):
             self.raw[grid](*args, **self.kwargs)
             return
         device = driver.active.get_current_device()
@@ -154,7 +152,6 @@ class DirectLaunch:
 
 
 def _off(err: Exception) -> None:
-    global _direct
-    _direct = False
+    settings.set_values(direct_launch=False)
     warnings.warn(f"flashattn: this Triton's compiled kernels do not take a direct launch as expected ({err}); "
                   f"every kernel is launched through kernel[grid] from now on", RuntimeWarning, stacklevel=3)

@@ -16,12 +16,11 @@ on disk by Triton (``cache_results=True``), so a second process does not re-tune
 from __future__ import annotations
 
 import functools
-import os
 
 import triton
 import triton.language as tl
 
-from .. import configs, runtime
+from .. import configs, runtime, settings
 from ..configs import KernelConfig
 from .launch import DirectLaunch
 
@@ -73,8 +72,7 @@ def tma_ready(*tensors) -> bool:
     off (notebook 06's ablation). Anything else takes the pointer loads, with the same results."""
     import torch
 
-    if runtime.INTERPRET or not hasattr(tl, "make_tensor_descriptor") or \
-            os.environ.get("FLASHATTN_TMA", "").strip() == "0":
+    if runtime.INTERPRET or not hasattr(tl, "make_tensor_descriptor") or not settings.current.tma:
         return False
     device = tensors[0].device
     if device.type != "cuda" or _major(device.index if device.index is not None else torch.cuda.current_device()) < 9:
@@ -99,7 +97,7 @@ def tma_stats_ready(lse) -> bool:
     """Whether the LSE (and delta, allocated like it) may be loaded through 1-D descriptors too:
     unit last stride, the other strides and the address 16-byte aligned. ``FLASHATTN_TMA_STATS=0``
     turns it off (the ablation)."""
-    if os.environ.get("FLASHATTN_TMA_STATS", "").strip() == "0" or lse.stride(-1) != 1:
+    if not settings.current.tma_stats or lse.stride(-1) != 1:
         return False
     size = lse.dtype.itemsize
     return lse.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in lse.stride()[:-1])
@@ -188,20 +186,14 @@ def autotuned(kernel, name: str, reset_to_zero=None):
         return triton.autotune(**kwargs)(kernel)
 
 
-_autotune: bool | None = None
-
-
 def set_autotune(enabled: bool | None) -> None:
     """Tune the fast kernels' tiles on first use (True), use the defaults (False), or follow
-    ``FLASHATTN_AUTOTUNE`` (None)."""
-    global _autotune
-    _autotune = enabled
+    ``FLASHATTN_AUTOTUNE`` as it was at import (None)."""
+    settings.set_values(autotune=settings.read().autotune if enabled is None else bool(enabled))
 
 
 def autotune_requested() -> bool:
-    if _autotune is not None:
-        return _autotune
-    return os.environ.get("FLASHATTN_AUTOTUNE", "").strip().lower() in ("1", "true", "yes")
+    return settings.current.autotune
 
 
 #: Environment variable: ``FLASHATTN_SPLIT_D=0`` turns the backward's split head dim off (the ablation).
@@ -212,8 +204,8 @@ def head_dim_tail(head_dim: int) -> int:
     """``BLOCK_D_TAIL`` of the two backward kernels: 128 < D <= 192 runs as a main tile of 128
     columns plus a tail of next_power_of_2(D - 128) (at least 16, ``tl.dot``'s least): 144 to
     192 columns of work where padding takes 256. 0 (no split) for every other head dim, and
-    where ``FLASHATTN_SPLIT_D=0`` (read at each call)."""
-    if not 128 < head_dim <= 192 or os.environ.get(SPLIT_D_ENV, "").strip() == "0":
+    where ``FLASHATTN_SPLIT_D=0`` (``settings.split_d``)."""
+    if not 128 < head_dim <= 192 or not settings.current.split_d:
         return 0
     return max(16, runtime.next_power_of_2(head_dim - 128))
 
@@ -234,7 +226,7 @@ def dkdv_parts(head_dim: int, fused: bool) -> tuple[str, ...]:
     (bf16, B=4, H=8, S=4096) dK + dV went from 5.2 to 3.4 ms, 2.8 to 2.1 causal. At D <= 192 the
     split was slower (the split head dim keeps the accumulators small already)."""
     wide = runtime.head_dim_block(head_dim) == 256 and not head_dim_tail(head_dim)
-    if fused or not wide or os.environ.get(SPLIT_DKDV_ENV, "").strip() == "0":
+    if fused or not wide or not settings.current.split_dkdv:
         return ("fused",) if fused else ("dkdv",)
     return ("dk", "dv")
 
@@ -258,7 +250,7 @@ def fp32_pieces(q, plain: bool) -> bool:
     which multiplies exactly, too), a tile of at most 128 columns, none of lesson 09's features
     (``plain``), and ``FLASHATTN_FP32_PIECES`` not 0."""
     return (_fp32_fusable(q, plain) and (runtime.INTERPRET or runtime.fast_dot_precision(q.dtype) == "bf16x6")
-            and os.environ.get(FP32_PIECES_ENV, "").strip() != "0")
+            and settings.current.fp32_pieces)
 
 
 def fused_by_default(q, plain: bool) -> bool:
