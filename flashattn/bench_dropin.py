@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from . import runtime
 from .api import scaled_dot_product_attention
-from .bench import attention_flops, median_ms, with_settings
+from .bench_common import attention_flops, median_ms, with_settings
 
 
 def _sdpa(backend: str | None) -> Callable:

@@ -58,7 +58,7 @@ def summary(micros: list[float]) -> dict:
 
 def _calls(provider: str, q, k, v, do, causal: bool) -> tuple[Callable, Callable]:
     """(forward without gradients, forward and backward) of one provider."""
-    from .bench import providers
+    from .bench_common import providers
 
     attend = providers()[BENCH_PROVIDER[provider]]
 

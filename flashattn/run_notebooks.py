@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -30,12 +29,6 @@ FOLDERS = ("notebooks", "solutions")
 
 def notebooks(root: Path = ROOT) -> list[Path]:
     return sorted(p for folder in FOLDERS for p in (root / folder).glob("*.ipynb"))
-
-
-def device_slug(name: str) -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'CPU (Triton interpreter)' -> 'cpu_triton_interpreter'."""
-    found = re.search(r"\b([A-Z]\d{1,4}[A-Z]?)\b", name)
-    return found.group(1).lower() if found else re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
 def run_one(path: str, timeout: int = 1800, keep: Optional[str] = None) -> dict:
@@ -100,7 +93,7 @@ def run(paths: list[Path], workers: int = 1, progress: bool = True, keep: Option
 
 
 def record(rows: list[dict]) -> dict:
-    from .bench import environment
+    from .bench_common import environment
 
     env = environment()
     passed = sum(r["status"] == "pass" for r in rows)
@@ -128,6 +121,8 @@ def main(argv: Optional[list] = None) -> int:
     rows = run(paths, args.workers, keep=str(args.keep) if args.keep else None)
     rec = record(rows)
     prefix = "gpu_notebooks" if "Triton interpreter" not in rec["device"] else "cpu_notebooks"
+    from .bench_common import device_slug
+
     out = args.out / f"{prefix}_{device_slug(rec['device'])}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=1) + "\n")

@@ -4,6 +4,7 @@ import json
 import nbformat
 
 from flashattn import run_notebooks
+from flashattn.bench_common import device_slug
 
 
 def _notebook(path, *cells):
@@ -13,10 +14,10 @@ def _notebook(path, *cells):
 
 
 def test_device_names_become_short_slugs():
-    assert run_notebooks.device_slug("NVIDIA H100 80GB HBM3") == "h100"
-    assert run_notebooks.device_slug("NVIDIA H200") == "h200"
-    assert run_notebooks.device_slug("Tesla T4") == "t4"
-    assert run_notebooks.device_slug("CPU (Triton interpreter)") == "cpu_triton_interpreter"
+    assert device_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert device_slug("NVIDIA H200") == "h200"
+    assert device_slug("Tesla T4") == "t4"
+    assert device_slug("CPU (Triton interpreter)") == "cpu_triton_interpreter"
 
 
 def test_every_lesson_and_solution_is_listed():

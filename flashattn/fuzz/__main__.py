@@ -62,7 +62,7 @@ def main(argv: Optional[list] = None) -> int:
         print(f"FAIL {failure['reproducer']}", *failure["failures"], sep="\n     ")
     print(one_line(summary))
     if args.out is not None:
-        from ..run_notebooks import device_slug
+        from ..bench_common import device_slug
 
         path = args.out if args.out.suffix == ".json" else args.out / f"fuzz_{device_slug(summary['device'])}_seed{args.seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -312,7 +312,7 @@ def _advance(bar, result):
 
 
 def summarize(results: list, seed: int, seconds: float, workers: int) -> dict:
-    from ..bench import environment
+    from ..bench_common import environment
 
     per_family = {}
     for r in results:
