@@ -228,7 +228,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                          "causal), where the GPU waits on the host; flashattn with and without its direct "
                          "launch next to SDPA's cuDNN and flash backends, taken in turn call by call")
     modes.add_argument("--host-profile", action="store_true",
-                    help="instead of the grid: one drop-in call's host time, layer by layer, at four small "
+                    help="instead of the grid: one drop-in call's host time, layer by layer, at three small "
                          "shapes (bf16, causal); writes host_profile_<device>.md")
     modes.add_argument("--train", action="store_true",
                     help="instead of the grid: training steps of a GPT-2-small-like and a Llama-like block "
