@@ -341,6 +341,20 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Tr
                        show=show)
 
 
+#: each checker's kind, as its rules name it
+_KINDS = {"attention_backward": "backward", "rebuild_p": "rebuild_p", "online_softmax": "online_softmax",
+          "dq_kernel": "dq", "dkdv_kernel": "dkdv", "autograd_function": "autograd", "lazy_backward": "lazy",
+          "window_mask": "window", "beyond_backward": "beyond"}
+
+
+def orders() -> dict:
+    """checker name -> the ids of the diagnoses it can give, in the order it tries them: first
+    accumulator_precision (read from the launched kernels' code before the rules, by every
+    checker), then the rules that apply to its kind."""
+    return {name: ["accumulator_precision"] + [r.id for r in RULES if r.kinds is None or kind in r.kinds]
+            for name, kind in _KINDS.items()}
+
+
 class _Swapped(ShapeError):
     """autograd refused a gradient that has another input's shape: the order is wrong."""
 
