@@ -223,9 +223,7 @@ def test_wrong_shape_is_named():
 
 
 def test_every_diagnosis_has_a_title_and_an_idea_without_code():
-    ids = [r.id for r in check.RULES]
-    assert len(ids) == len(set(ids))
-    for r in check.RULES:
+    for r in check.MISTAKES.values():
         assert r.title and r.idea
         assert "tl.where(" not in r.idea and "tl.exp(" not in r.idea   # the idea, not the code
 
@@ -732,13 +730,14 @@ def test_softmax_in_low_precision_is_named(cast, gqa):
 def test_kv_head_is_never_claimed_for_the_right_head_map():
     """The kv_head rule sees a map only where each head's dQ is close to some K/V head's: when
     that map is the right one, the heads are not what is wrong."""
-    from flashattn.check.diagnose import Context
+    from flashattn.check.checkers import BACKWARD
+    from flashattn.check.evidence import Evidence
     from flashattn.check.structure_rules import _kv_head
     r = run_checker(check.attention_backward, _backward_low_precision(lambda S: torch.softmax(S.half(), -1).float()))
     for c in r.results:       # the facts as a precision loss can give them: the right map
         if not c.ok:
             c.structure["dQ"] = {"kv_heads": {(b, h): h for b in range(c.case.B) for h in range(c.case.H)}}
-    assert _kv_head(Context(r.results, "backward")) is None
+    assert _kv_head(Evidence(r.results, BACKWARD)) is None
 
 
 # --------------------------------------------------------------------------------------
@@ -890,5 +889,5 @@ def test_every_diagnosis_is_proven():
     here = pathlib.Path(__file__).parent
     text = "\n".join(p.read_text() for p in here.glob("test_*.py"))
     text += (here.parent / "flashattn" / "planted.py").read_text()
-    unproven = [r.id for r in check.RULES if not re.search(rf"""['"\[]{re.escape(r.id)}['"\]]""", text)]
+    unproven = [r.id for r in check.MISTAKES.values() if not re.search(rf"""['"\[]{re.escape(r.id)}['"\]]""", text)]
     assert not unproven, f"diagnoses no test triggers: {unproven}"

@@ -273,12 +273,12 @@ def test_solution_04_with_a_grid_over_query_heads_is_gqa_grid(tmp_path, dtype):
     assert_hint(r, "gqa_grid")
 
 
-def test_fingerprint_rules_come_after_the_memory_and_head_rules():
-    """beyond_rules shares the fingerprint rules' test: importing it must not register them all
-    early (a merge once put query_block_from_pid before gqa_grid, and every memory rule)."""
-    order = [r.id for r in check.RULES]
-    for first, later in [("gqa_grid", "query_block_from_pid"), ("kv_head", "no_mask"),
-                         ("unwritten", "delta"), ("read_past_end", "mask_strict")]:
+def test_the_memory_and_head_mistakes_come_before_the_fingerprints():
+    """A merge once put query_block_from_pid before gqa_grid, and every memory rule: the kernels'
+    orders (checkers.py's tables) keep the memory and head mistakes first."""
+    dq, dkdv = check.orders()["dq_kernel"], check.orders()["dkdv_kernel"]
+    for order, first, later in [(dkdv, "gqa_grid", "query_block_from_pid"), (dq, "kv_head", "no_mask"),
+                                (dkdv, "unwritten", "delta"), (dq, "read_past_end", "mask_strict")]:
         assert order.index(first) < order.index(later), (first, later)
 
 

@@ -3,131 +3,41 @@
 Some slips leave a trace in the source that no output pattern can pin: ``apply`` called with
 two arguments in another order than ``forward`` takes them; a loop that counts blocks
 (``tl.cdiv(S_q, BLOCK_M)``) but steps by rows (``BLOCK_M``); the dK/dV kernel's scores tile
-built as S = Q K^T while the rest of the kernel works on S^T. Each rule fires only when the
-checker also saw outputs fail, and names the line. Registered in :mod:`flashattn.check.rules`
-right before the rule for exceptions. ``ctx.sources`` holds the learner's function, the kernels
+built as S = Q K^T while the rest of the kernel works on S^T. Each fires only when the
+checker also saw outputs fail, and names the line; they come before ``exception`` in every
+order (:mod:`flashattn.check.checkers`). ``ctx.sources`` holds the learner's function, the kernels
 it launches and the autograd classes it calls (:func:`flashattn.check.origin.learner_sources`).
 """
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
 
-from .diagnose import rule
-from .origin import _unwrap
-
-
-def _args(text: str, start: int) -> tuple:
-    """The top-level, comma-separated arguments of the call whose '(' is at ``start``, and the
-    index just past its ')'."""
-    depth, out, cur = 0, [], ""
-    for i in range(start, len(text)):
-        ch = text[i]
-        if ch in "([{":
-            depth += 1
-            if depth == 1:
-                continue
-        elif ch in ")]}":
-            depth -= 1
-            if depth == 0:
-                out.append(cur.strip())
-                return [a for a in out if a], i + 1
-        elif ch == "," and depth == 1:
-            out.append(cur.strip())
-            cur = ""
-            continue
-        cur += ch
-    return [], len(text)
-
-
-def _calls(src: str, name: str) -> list:
-    """[(the call's text, its arguments)] for every call of ``name`` (a regex) in ``src``."""
-    out = []
-    for m in re.finditer(rf"\b{name}\s*\(", src):
-        args, end = _args(src, m.end() - 1)
-        out.append((src[m.start():end], args))
-    return out
-
-
-def _first_found(ctx, find):
-    """(src, what ``find(src)`` found) for the first of the learner's sources where it finds
-    something (a non-empty list, a match), or (None, None)."""
-    for src in ctx.sources:
-        found = find(src)
-        if found:
-            return src, found
-    return None, None
-
-
-def _code_lines(src: str):
-    """The source's lines without comments, stripped, skipping blank ones."""
-    for line in src.splitlines():
-        code = line.split("#")[0].strip()
-        if code:
-            yield code
-
-
-def syntax_trees(ctx):
-    """The learner's sources, each parsed (those that do not parse are passed over)."""
-    for src in ctx.sources:
-        try:
-            yield ast.parse(textwrap.dedent(src))
-        except SyntaxError:
-            continue
-
-
-def _first_line(ctx, test):
-    """The first code line of the learner's sources for which ``test(line)`` holds, or None."""
-    _, line = _first_found(ctx, lambda src: next((c for c in _code_lines(src) if test(c)), None))
-    return line
-
-
-_PATTERNS = {"case": lambda ctx: ctx.case_pattern(), "tensors": lambda ctx: ctx.tensor_pattern()}
-
-
-def line_rule(id: str, title: str, idea: str, test, kinds=None, show=("case",), before=None) -> None:
-    """Register diagnosis ``id`` that quotes the first line of the learner's code for which
-    ``test(line)`` holds, followed by the case pattern and/or the tensor pattern (``show``)."""
-    def quote(ctx):
-        line = _first_line(ctx, test)
-        return "; ".join([f"`{line}`"] + [_PATTERNS[s](ctx) for s in show]) if line else None
-    rule(id, title, idea, kinds=kinds, before=before)(quote)
-
-
-def _line_of(src: str, needle: str) -> str:
-    return next((line.split("#")[0].strip() for line in src.splitlines() if needle in line), needle)
+from .engine import CODE, mistake
+from .evidence import quoted_line
+from .source import calls, first_found, first_line, forward_params, line_of, unused_assignments
+from .checkers import DKDV, DQ
 
 
 # --------------------------------------------------------------------------------------
 # autograd: apply's arguments against forward's parameters
 # --------------------------------------------------------------------------------------
-def _forward_params(ctx, cls_name: str):
-    glb = getattr(_unwrap(ctx.subject), "__globals__", {})
-    cls = glb.get(cls_name)
-    forward = getattr(cls, "forward", None)
-    try:
-        return list(inspect.signature(forward).parameters)[1:]      # after ctx
-    except (TypeError, ValueError):
-        return None
 
 
-@rule("apply_order", "apply passes its arguments in another order than forward takes them",
-      "Function.apply(...) hands its arguments to forward(ctx, ...) by position, after ctx: "
-      "the call must list them in forward's order. Two swapped (causal and scale) reach forward "
-      "under each other's names.", kinds=("autograd",))
+@mistake("apply_order", CODE, "apply passes its arguments in another order than forward takes them",
+         "Function.apply(...) hands its arguments to forward(ctx, ...) by position, after ctx: "
+         "the call must list them in forward's order. Two swapped (causal and scale) reach forward "
+         "under each other's names.")
 def _apply_order(ctx):
     for src in ctx.sources:
-        for text, args in _calls(src, r"(\w+)\.apply"):
+        for text, args in calls(src, r"(\w+)\.apply"):
             cls_name = text.split(".apply")[0].split()[-1]
-            params = _forward_params(ctx, cls_name)
+            params = forward_params(ctx, cls_name)
             names = [a.split("=")[-1].strip() for a in args]
             if not params or len(names) != len(params) or any("=" in a for a in args) or \
                     sorted(names) != sorted(params) or names == params:
                 continue
             moved = [f"{n} where forward takes {p}" for n, p in zip(names, params) if n != p]
-            return (f"`{_line_of(src, text.splitlines()[0])}` passes {', '.join(moved)} "
+            return (f"`{line_of(src, text.splitlines()[0])}` passes {', '.join(moved)} "
                     f"(forward(ctx, {', '.join(params)})); {len(ctx.failing)} of {len(ctx.results)} cases fail")
     return None
 
@@ -138,7 +48,7 @@ def _apply_order(ctx):
 def _loop_mixing_units(src: str):
     """The text of a ``range(start, stop, BLOCK)`` whose stop counts blocks (tl.cdiv(...) or
     ... // BLOCK) while its step is a block of rows."""
-    for text, args in _calls(src, r"(?:tl\.)?(?:static_)?range"):
+    for text, args in calls(src, r"(?:tl\.)?(?:static_)?range"):
         if len(args) != 3 or not re.fullmatch(r"BLOCK_\w+", args[2]):
             continue
         stop = args[1]
@@ -147,23 +57,22 @@ def _loop_mixing_units(src: str):
     return None
 
 
-@rule("loop_units", "a loop counts blocks but steps by rows",
-      "range(start, stop, BLOCK) walks row positions: start, start + BLOCK, ... up to the number of "
-      "rows. tl.cdiv(S, BLOCK) is a number of blocks, so as a stop beside a step of BLOCK it ends "
-      "the loop after the first block or two. Either loop over positions (range(start, S, BLOCK)) "
-      "or over block indices (range(0, tl.cdiv(S, BLOCK)) with offsets index * BLOCK).",
-      kinds=("dq", "dkdv"))
+@mistake("loop_units", CODE, "a loop counts blocks but steps by rows",
+         "range(start, stop, BLOCK) walks row positions: start, start + BLOCK, ... up to the number of "
+         "rows. tl.cdiv(S, BLOCK) is a number of blocks, so as a stop beside a step of BLOCK it ends "
+         "the loop after the first block or two. Either loop over positions (range(start, S, BLOCK)) "
+         "or over block indices (range(0, tl.cdiv(S, BLOCK)) with offsets index * BLOCK).")
 def _loop_units(ctx):
     if any(r.error is not None for r in ctx.failing):
         return None
-    src, text = _first_found(ctx, _loop_mixing_units)
-    return f"`{_line_of(src, text)}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if text else None
+    src, text = first_found(ctx, _loop_mixing_units)
+    return f"`{line_of(src, text)}`; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if text else None
 
 
 _DOT_TRANS = re.compile(r"tl\.dot\(\s*(\w+)\s*,\s*tl\.trans\(\s*(\w+)\s*\)")
 
 
-def _scores_tile(src: str, kind: str):
+def _scores_tile(src: str, checker):
     """The line building the scores with the other kernel's orientation: Q K^T in a kernel that
     uses LSE along the tile's columns (lse[None, :]: the dK/dV kernel's S^T), or K Q^T in one
     that uses it along the rows (lse[:, None]: the dQ kernel's S)."""
@@ -171,23 +80,23 @@ def _scores_tile(src: str, kind: str):
     lse_rows = re.search(r"lse\w*\s*\[\s*:\s*,\s*None\s*\]", src) is not None
     for m in _DOT_TRANS.finditer(src):
         a, b = m.group(1).lower(), m.group(2).lower()
-        if kind == "dkdv" and a.startswith("q") and b.startswith("k") and lse_columns and not lse_rows:
-            return _line_of(src, m.group(0)), "S = Q K^T [BLOCK_M, BLOCK_N]", "S^T = K Q^T [BLOCK_N, BLOCK_M]", \
+        if checker is DKDV and a.startswith("q") and b.startswith("k") and lse_columns and not lse_rows:
+            return line_of(src, m.group(0)), "S = Q K^T [BLOCK_M, BLOCK_N]", "S^T = K Q^T [BLOCK_N, BLOCK_M]", \
                 "lse[None, :]"
-        if kind == "dq" and a.startswith("k") and b.startswith("q") and lse_rows and not lse_columns:
-            return _line_of(src, m.group(0)), "S^T = K Q^T [BLOCK_N, BLOCK_M]", "S = Q K^T [BLOCK_M, BLOCK_N]", \
+        if checker is DQ and a.startswith("k") and b.startswith("q") and lse_rows and not lse_columns:
+            return line_of(src, m.group(0)), "S^T = K Q^T [BLOCK_N, BLOCK_M]", "S = Q K^T [BLOCK_M, BLOCK_N]", \
                 "lse[:, None]"
     return None
 
 
-@rule("scores_orientation", "the scores tile is built the other way round from the rest of the kernel",
-      "A dK/dV program owns a block of keys, so the lesson's kernel works on the transposed tile "
-      "S^T = K Q^T (rows: keys, columns: queries): P^T = exp(S^T - LSE[None, :]), dV += P^T dO, "
-      "dK += dS^T Q. A dQ program works on S = Q K^T (rows: queries) with LSE[:, None]. Build "
-      "the scores in the orientation the rest of your kernel uses (with square blocks the shapes "
-      "agree and nothing raises: every value is just read across the diagonal).", kinds=("dq", "dkdv"))
+@mistake("scores_orientation", CODE, "the scores tile is built the other way round from the rest of the kernel",
+         "A dK/dV program owns a block of keys, so the lesson's kernel works on the transposed tile "
+         "S^T = K Q^T (rows: keys, columns: queries): P^T = exp(S^T - LSE[None, :]), dV += P^T dO, "
+         "dK += dS^T Q. A dQ program works on S = Q K^T (rows: queries) with LSE[:, None]. Build "
+         "the scores in the orientation the rest of your kernel uses (with square blocks the shapes "
+         "agree and nothing raises: every value is just read across the diagonal).")
 def _scores_orientation(ctx):
-    _, found = _first_found(ctx, lambda src: _scores_tile(src, ctx.kind))
+    _, found = first_found(ctx, lambda src: _scores_tile(src, ctx.checker))
     if not found:
         return None
     line, built, wanted, lse = found
@@ -225,13 +134,13 @@ def _stride_axis_slips(src: str) -> list:
     return out
 
 
-@rule("stride_axes", "an offset is multiplied by the stride of the other axis",
-      "A tile's address is base + rows * (the sequence stride) + columns * (the head-dim stride): "
-      "offs_m or offs_n (positions) go with stride_x_s, offs_d (head-dim entries) with stride_x_d. "
-      "Swapped, a contiguous tensor is read across its rows instead of along them -- and where the "
-      "strides happen to agree nothing shows.", kinds=("dq", "dkdv"))
+@mistake("stride_axes", CODE, "an offset is multiplied by the stride of the other axis",
+         "A tile's address is base + rows * (the sequence stride) + columns * (the head-dim stride): "
+         "offs_m or offs_n (positions) go with stride_x_s, offs_d (head-dim entries) with stride_x_d. "
+         "Swapped, a contiguous tensor is read across its rows instead of along them -- and where the "
+         "strides happen to agree nothing shows.")
 def _stride_axes(ctx):
-    _, lines = _first_found(ctx, _stride_axis_slips)
+    _, lines = first_found(ctx, _stride_axis_slips)
     if not lines:
         return None
     shown = "; ".join(f"`{line}`" for line in lines[:2])
@@ -295,7 +204,7 @@ def _mask_slips(src: str) -> list:
     """[(call, what is wrong)]: a key-side tile (K, V, dK, dV) loaded or stored with the query
     rows' mask row_ok, or a query-side one with the key mask col_ok."""
     out = []
-    for text, args in _calls(src, r"tl\.(?:load|store)"):
+    for text, args in calls(src, r"tl\.(?:load|store)"):
         if not args:
             continue
         m = re.match(r"(\w+?)(?:_base|_ptrs?)?\s*\+", args[0])
@@ -309,16 +218,15 @@ def _mask_slips(src: str) -> list:
     return out
 
 
-@rule("address_terms", "an address is built with another tensor's stride, head or positions",
-      "Each tensor's address uses its own strides (K with stride_k_*, never stride_v_*: the layouts "
-      "may differ), its own head -- Q, dO, LSE, delta and dQ belong to the query head h, K, V, dK "
-      "and dV to the K/V head h_kv = h // GROUP_SIZE -- and its own positions: the query rows offs_m "
-      "for Q, dO, LSE, delta, dQ; the keys offs_n for K, V, dK, dV. Where the two agree (contiguous "
-      "tensors, no GQA, equal lengths) the slip is invisible, so the failing cases are the ones "
-      "where they differ.",
-      kinds=("dq", "dkdv"))
+@mistake("address_terms", CODE, "an address is built with another tensor's stride, head or positions",
+         "Each tensor's address uses its own strides (K with stride_k_*, never stride_v_*: the layouts "
+         "may differ), its own head -- Q, dO, LSE, delta and dQ belong to the query head h, K, V, dK "
+         "and dV to the K/V head h_kv = h // GROUP_SIZE -- and its own positions: the query rows offs_m "
+         "for Q, dO, LSE, delta, dQ; the keys offs_n for K, V, dK, dV. Where the two agree (contiguous "
+         "tensors, no GQA, equal lengths) the slip is invisible, so the failing cases are the ones "
+         "where they differ.")
 def _address_terms(ctx):
-    _, slips = _first_found(ctx, lambda src: _address_slips(src) + _mask_slips(src))
+    _, slips = first_found(ctx, lambda src: _address_slips(src) + _mask_slips(src))
     if not slips:
         return None
     by_line: dict = {}
@@ -331,77 +239,14 @@ def _address_terms(ctx):
 # --------------------------------------------------------------------------------------
 # a value computed and thrown away
 # --------------------------------------------------------------------------------------
-#: methods and functions that return a new value and leave their operands alone
-_PURE = {"masked_fill", "where", "maximum", "minimum", "exp", "exp2", "log", "to", "float", "half", "double",
-         "transpose", "trans", "sum", "softmax", "clone", "contiguous", "view", "reshape", "abs", "mul",
-         "add", "sub", "div", "squeeze", "unsqueeze", "expand", "dot", "max", "min", "amax", "mean", "tril",
-         "triu", "logical_and", "logical_or", "logical_not"}
 
 
-def _pure_call(v) -> bool:
-    return isinstance(v, ast.Call) and ((isinstance(v.func, ast.Attribute) and v.func.attr in _PURE) or
-                                        (isinstance(v.func, ast.Name) and v.func.id in _PURE))
-
-
-def _one_typo(a: str, b: str) -> bool:
-    """Names one edit apart (an underscore, a letter): d_q and dq, dkk and dk."""
-    if a == b or abs(len(a) - len(b)) > 1 or min(len(a), len(b)) < 2:
-        return False
-    if len(a) == len(b):
-        return sum(x != y for x, y in zip(a, b)) == 1
-    short, long_ = sorted((a, b), key=len)
-    return any(long_[:i] + long_[i + 1:] == short for i in range(len(long_)))
-
-
-def _discarded(src: str) -> list:
-    """[line] of statements whose value is computed and dropped: ``visible & (...)`` or
-    ``S.masked_fill(...)`` on a line of its own, never assigned -- or assigned to a name that
-    nothing reads afterwards (``S = S.masked_fill(...)`` after P was already built from S), outside
-    any loop (where the next iteration may read it)."""
-    try:
-        tree = ast.parse(textwrap.dedent(src))
-    except SyntaxError:
-        return []
-    lines = textwrap.dedent(src).splitlines()
-    in_loop = {id(n) for loop in ast.walk(tree) if isinstance(loop, (ast.For, ast.While))
-               for n in ast.walk(loop)}
-    loads = [(n.id, n.lineno) for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
-    out = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Expr):
-            v = node.value
-            if isinstance(v, (ast.BinOp, ast.BoolOp, ast.Compare, ast.UnaryOp)) or _pure_call(v):
-                out.append(lines[node.lineno - 1].split("#")[0].strip())
-        elif isinstance(node, ast.Assign) and id(node) not in in_loop and \
-                len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            name, end = node.targets[0].id, getattr(node, "end_lineno", node.lineno)
-            if any(n == name and line > end for n, line in loads):
-                continue
-            later = {n for n, line in loads if line > end}
-            # a computed value (not a launch or a call for its effect), or a name a typo away from one
-            # used later (d_q = ... ; return dq)
-            size = ast.unparse(node.value)      # a length read and left unused is harmless
-            if re.search(r"\.shape\b|\.size\(|^len\(", size) and \
-                    not any(_one_typo(name, n) and len(n) != len(name) for n in later):   # (S_k beside S_q: no typo)
-                continue
-            if _pure_call(node.value) or isinstance(node.value, ast.BinOp) or \
-                    any(_one_typo(name, n) for n in later):
-                out.append(lines[node.lineno - 1].split("#")[0].strip())
-    return out
-
-
-def unused_assignments(ctx) -> list:
-    """The lines of the learner's code whose value nothing uses (for the rules that come before
-    this module's, to name in their evidence)."""
-    return [line for src in ctx.sources for line in _discarded(src)]
-
-
-@rule("discarded_value", "a line computes a value that nothing uses",
-      "An expression on a line of its own changes nothing: `mask & cond` or `S.masked_fill(...)` "
-      "return a new value, which must be assigned (mask = mask & cond, S = S.masked_fill(...)) -- "
-      "and used: a tensor masked after what depends on it was computed (P built from S, then S "
-      "masked) leaves that result unmasked. Only the methods ending in _ (masked_fill_, mul_) "
-      "change a tensor in place.")
+@mistake("discarded_value", CODE, "a line computes a value that nothing uses",
+         "An expression on a line of its own changes nothing: `mask & cond` or `S.masked_fill(...)` "
+         "return a new value, which must be assigned (mask = mask & cond, S = S.masked_fill(...)) -- "
+         "and used: a tensor masked after what depends on it was computed (P built from S, then S "
+         "masked) leaves that result unmasked. Only the methods ending in _ (masked_fill_, mul_) "
+         "change a tensor in place.")
 def _discarded_value(ctx):
     lines = unused_assignments(ctx)
     if not lines:
@@ -411,7 +256,7 @@ def _discarded_value(ctx):
     pointer = name and re.fullmatch(r"(\w+?)_(?:base|ptrs?)", name.group(1))
     if pointer:   # delta_base unused, delta loaded through another tensor's pointer (a copied line)
         what = pointer.group(1)
-        load = _first_line(ctx, lambda c: re.match(rf"{what}\w*\s*=\s*tl\.load\(", c) and name.group(1) not in c)
+        load = first_line(ctx, lambda c: re.match(rf"{what}\w*\s*=\s*tl\.load\(", c) and name.group(1) not in c)
         if load:
             return (f"{evidence}; `{load}` loads {what} through another tensor's pointer",
                     f"`{name.group(1)}` is made and never read, and {what} is loaded from another tensor's "
@@ -430,11 +275,10 @@ def _discarded_value(ctx):
 _INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S_q|S_k|HEAD_DIM|S|D)\b")
 
 
-line_rule("bound_inclusive", "a mask compares with <= the length: index S is already past the end",
-          "Positions run 0 ... S - 1: the mask of valid rows is offs < S. With <= the row (or column) S "
-          "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
-          kinds=("dq", "dkdv"),
-          test=_INCLUSIVE.search, show=("case", "tensors"))
+mistake("bound_inclusive", CODE, "a mask compares with <= the length: index S is already past the end",
+        "Positions run 0 ... S - 1: the mask of valid rows is offs < S. With <= the row (or column) S "
+        "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
+        test=quoted_line(_INCLUSIVE.search, show=("case", "tensors")))
 
 
 # --------------------------------------------------------------------------------------
@@ -445,12 +289,11 @@ _LENGTH_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(S_q|S_k|S|N|L|M|seq_?len\w*|n_
                             r"(?:shape\s*\[\s*-1\s*\]|size\(\s*-1\s*\))\s*$")
 
 
-line_rule("length_from_head_dim", "a sequence length is read from the last axis, the head dim",
-          "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
-          "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
-          "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
-          kinds=("backward", "rebuild_p", "online_softmax", "autograd", "dq", "dkdv", "lazy", "beyond"),
-          test=_LENGTH_FROM_D.search)
+mistake("length_from_head_dim", CODE, "a sequence length is read from the last axis, the head dim",
+        "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
+        "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
+        "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
+        test=quoted_line(_LENGTH_FROM_D.search))
 
 
 # --------------------------------------------------------------------------------------
@@ -471,68 +314,19 @@ def _zero_divisions(src: str) -> list:
     return out
 
 
-@rule("divide_by_index", "a division by a position that starts at 0",
-      "torch.arange(L) starts at 0: dividing by it gives inf (or 0 / 0 = NaN) in row 0 and "
-      "divides every other row by one less than meant. The lesson's 1 / (i + 1) counts the keys "
-      "row i sees (0 ... i): divide by i + 1.")
+@mistake("divide_by_index", CODE, "a division by a position that starts at 0",
+         "torch.arange(L) starts at 0: dividing by it gives inf (or 0 / 0 = NaN) in row 0 and "
+         "divides every other row by one less than meant. The lesson's 1 / (i + 1) counts the keys "
+         "row i sees (0 ... i): divide by i + 1.")
 def _divide_by_index(ctx):
     if not ctx.failing:        # row 0's inf need not reach the outputs (a gate's P + c > 0 holds)
         return None
-    _, lines = _first_found(ctx, _zero_divisions)
+    _, lines = first_found(ctx, _zero_divisions)
     return f"`{lines[0]}`; {ctx.tensor_pattern()}" if lines else None
 
 
 # --------------------------------------------------------------------------------------
 # a cast to a fixed low dtype (for low_precision's evidence)
 # --------------------------------------------------------------------------------------
-_LOW_CAST = re.compile(r"\.to\(\s*(?:tl|torch)\.(?:float16|bfloat16|half)\s*\)|\.half\(\)|\.bfloat16\(\)")
 
 
-def low_dtype_casts(ctx) -> list:
-    """Lines of the learner's code that cast to a fixed fp16/bf16, whatever the inputs' dtype."""
-    out = []
-    for src in ctx.sources:
-        out += [line.split("#")[0].strip() for line in src.splitlines()
-                if _LOW_CAST.search(line) and not line.strip().startswith("#")]
-    return out
-
-
-def guard_story(ctx, missing) -> tuple | None:
-    """(evidence, idea) for gradients (``missing``: "q", "k", "v") that came back None because of
-    their ``needs_input_grad`` guard: inverted (``if not ...``), or another input's."""
-    inverted = _first_line(ctx, lambda c: re.search(r"\bif\s+not\s+(?:\w+\.)?needs_input_grad\[", c) is not None)
-    if inverted:
-        return (f"`{inverted}`",
-                "The guard is inverted: ctx.needs_input_grad[i] is True when input i *needs* its gradient. "
-                "`if not ...` computes the gradient exactly when nobody wants it and returns None when "
-                "somebody does. Drop the `not`.")
-    guarded = under_another_guard(ctx, missing)
-    if guarded:
-        return (f"`{guarded[0]}` sits inside `{guarded[1]}`",
-                "Each gradient needs its own guard: ctx.needs_input_grad[i] is indexed like forward's "
-                "inputs, 0 q, 1 k, 2 v. Computed inside another input's guard, a gradient is None whenever "
-                "that other input needs none -- a frozen q takes dK and dV with it. Give the dK/dV call "
-                "its own `if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:` (or none at all).")
-    return None
-
-
-def under_another_guard(ctx, missing) -> tuple | None:
-    """(the line, its guard) where a missing gradient (q, k, v) is assigned inside an
-    ``if ...needs_input_grad[i]`` for another input i, else None."""
-    index = {"q": 0, "k": 1, "v": 2}
-    for tree in syntax_trees(ctx):
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.If):
-                continue
-            test = ast.unparse(node.test)
-            guards = {int(i) for i in re.findall(r"needs_input_grad\[(\d)\]", test)}
-            if not guards:
-                continue
-            for stmt in ast.walk(ast.Module(body=node.body, type_ignores=[])):
-                if not isinstance(stmt, ast.Assign):
-                    continue
-                names = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-                for name in missing:
-                    if f"d{name}" in names and index[name] not in guards:
-                        return ast.unparse(stmt).splitlines()[0], f"if {test}:"
-    return None

@@ -5,9 +5,10 @@ constant handed to ``apply``, a group's query head, a mask along the tile's othe
 Each fits a slip whose outputs look like several others -- a scale divided where it multiplies
 overflows to NaN like a fully masked row; a causal mask without its diagonal shows as "dK and dQ
 wrong" like a wrong delta -- while the line itself says it. Each fires only when outputs fail, and
-quotes the line. Registered by :mod:`flashattn.check.rules` after the exact fingerprints (an
-output that matches a known wrong formula is stronger evidence than a line that looks like one)
-and before the rules that only say where the outputs are wrong (NaN, heads, causal cases, blocks).
+quotes the line. Tried after the exact fingerprints (an output that matches a known wrong formula is stronger
+evidence than a line that looks like one) and before the mistakes that only say where the
+outputs are wrong (NaN, heads, causal cases, blocks): stage "a formula's line" of
+:mod:`flashattn.check.checkers`.
 """
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ import inspect
 import re
 import textwrap
 
-from .code_rules import _calls, _code_lines, _first_found, _forward_params, _line_of, line_rule
-from .diagnose import rule
+from .engine import FORMULA_LINE, mistake
+from .evidence import quoted_line
+from .source import calls, code_lines, first_found, forward_params, line_of
 from .origin import _unwrap
+from .checkers import DKDV, DQ
 
-#: every checker that runs the learner's formulas (the window checker's mask has no scale, no delta)
-FORMULA_KINDS = ("backward", "rebuild_p", "online_softmax", "lazy", "beyond", "dq", "dkdv", "autograd")
 
 
 # --------------------------------------------------------------------------------------
@@ -34,22 +35,18 @@ _ON_LSE = re.compile(r"-\s*\w*lse\w*(?:\[[^\]]*\])?\s*\)\s*\*\s*(?:ctx\.)?scale\
                      r"\bscale\s*\*\s*\([^()]*-\s*\w*lse\w*")
 
 
-line_rule("scale_divides", "the scores are divided by the scale",
-          "The scale already is 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies the scores by "
-          "sqrt(D) instead, scale^2 = 1/D times too large -- large enough that exp overflows to inf "
-          "and then NaN. (Dividing by sqrt(D) is the same as multiplying by the scale, and fine.)",
-          kinds=FORMULA_KINDS,
-          test=lambda c: _DIVIDES.search(c) and _SCORES.search(c), show=("tensors",))
+mistake("scale_divides", FORMULA_LINE, "the scores are divided by the scale",
+        "The scale already is 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies the scores by "
+        "sqrt(D) instead, scale^2 = 1/D times too large -- large enough that exp overflows to inf "
+        "and then NaN. (Dividing by sqrt(D) is the same as multiplying by the scale, and fine.)",
+        test=quoted_line(lambda c: _DIVIDES.search(c) and _SCORES.search(c), show=("tensors",)))
 
 
-line_rule("scale_on_lse", "the scale multiplies the LSE too",
-          "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
-          "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
-          "probability is off by a factor exp(LSE * (1 - scale)) that differs from row to row.",
-          # not rebuild_p: there the fingerprint scale_on_difference names this slip from the outputs,
-          # which a line that may not have run (the rules read every line) cannot outdo
-          kinds=tuple(k for k in FORMULA_KINDS if k != "rebuild_p"),
-          test=_ON_LSE.search, show=("tensors",))
+mistake("scale_on_lse", FORMULA_LINE, "the scale multiplies the LSE too",
+        "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
+        "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
+        "probability is off by a factor exp(LSE * (1 - scale)) that differs from row to row.",
+        test=quoted_line(_ON_LSE.search, show=("tensors",)))
 
 
 # --------------------------------------------------------------------------------------
@@ -59,12 +56,11 @@ _SOFTMAX_NO_DIM = re.compile(r"\b(?:functional|F)\.(?:log_)?softmax\(\s*[^,()]*(
                              r"\bnn\.Softmax\(\s*\)")
 
 
-line_rule("softmax_no_dim", "softmax is called without dim",
-          "F.softmax(x) with no dim lets PyTorch pick one (a deprecated implicit choice, with a "
-          "warning): dim=1 for a 4-D [B, H, S_q, S_k] tensor, the heads, and 0 for 0-, 1- and 3-D "
-          "ones. The softmax of attention runs over the keys, the last axis: dim=-1.",
-          kinds=FORMULA_KINDS,
-          test=_SOFTMAX_NO_DIM.search, show=("tensors",))
+mistake("softmax_no_dim", FORMULA_LINE, "softmax is called without dim",
+        "F.softmax(x) with no dim lets PyTorch pick one (a deprecated implicit choice, with a "
+        "warning): dim=1 for a 4-D [B, H, S_q, S_k] tensor, the heads, and 0 for 0-, 1- and 3-D "
+        "ones. The softmax of attention runs over the keys, the last axis: dim=-1.",
+        test=quoted_line(_SOFTMAX_NO_DIM.search, show=("tensors",)))
 
 
 # --------------------------------------------------------------------------------------
@@ -91,7 +87,7 @@ def _strict_causal(src: str):
     """(line, 'visible'|'hidden') of a causal comparison that leaves out the diagonal: key < query
     where it says which keys are seen, key >= query where it says which are hidden (inside a
     masked_fill)."""
-    for code in _code_lines(src):
+    for code in code_lines(src):
         for m in _COMPARE.finditer(code):
             before, after = code[:m.start()].rstrip(), code[m.end():].lstrip()
             if before[-1:] in ("+", "-", "*", "/", ".") or after[:1] in ("+", "-", "*", "/", ".", "("):
@@ -113,15 +109,14 @@ def _strict_causal(src: str):
     return None
 
 
-@rule("causal_strict", "the causal mask leaves out the diagonal: a query does not see its own key",
-      "Causal attention lets query i see keys j <= i -- its own position included. Seen keys are "
-      "j <= i (hidden ones j > i); with j < i (or j >= i hidden) the diagonal is masked too: each "
-      "row loses its own key, and the first row sees nothing at all.",
-      kinds=FORMULA_KINDS)
+@mistake("causal_strict", FORMULA_LINE, "the causal mask leaves out the diagonal: a query does not see its own key",
+         "Causal attention lets query i see keys j <= i -- its own position included. Seen keys are "
+         "j <= i (hidden ones j > i); with j < i (or j >= i hidden) the diagonal is masked too: each "
+         "row loses its own key, and the first row sees nothing at all.")
 def _causal_strict(ctx):
     if not ctx.failing or not all(getattr(r.case, "causal", True) for r in ctx.failing):
         return None
-    _, found = _first_found(ctx, _strict_causal)
+    _, found = first_found(ctx, _strict_causal)
     if not found:
         return None
     line, meaning = found
@@ -136,12 +131,11 @@ _DELTA_SUM = re.compile(r"^\s*delta\w*\s*=.*\.sum\(\s*(?:dim\s*=\s*)?(-2|0)\s*[,
                         r"^\s*delta\w*\s*=.*torch\.sum\(.*,\s*(?:dim\s*=\s*)?(-2|0)\s*[,)]")
 
 
-line_rule("delta_axis", "delta is summed over the wrong axis",
-          "delta has one number per query row: delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id, a sum "
-          "along the last axis (keys, or the head dim) -- sum(-1, keepdim=True). Summed over axis -2 "
-          "(the query rows) it holds a number per column instead, and dS = P * (dP - delta) subtracts "
-          "the wrong value from every entry.", kinds=("backward", "lazy", "beyond", "autograd"),
-          test=_DELTA_SUM.search, show=("tensors",))
+mistake("delta_axis", FORMULA_LINE, "delta is summed over the wrong axis",
+        "delta has one number per query row: delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id, a sum "
+        "along the last axis (keys, or the head dim) -- sum(-1, keepdim=True). Summed over axis -2 "
+        "(the query rows) it holds a number per column instead, and dS = P * (dP - delta) subtracts "
+        "the wrong value from every entry.", test=quoted_line(_DELTA_SUM.search, show=("tensors",)))
 
 
 # --------------------------------------------------------------------------------------
@@ -167,19 +161,19 @@ def _block_numbers_as_positions(src: str):
         body = "\n".join(lines[node.body[0].lineno - 1:node.end_lineno])
         m = re.search(rf"\[[^\]]*\b{var}\s*:\s*{var}\s*\+[^\]]*\]", body)
         if m:
-            return lines[node.lineno - 1].strip(), _line_of(body, m.group(0))
+            return lines[node.lineno - 1].strip(), line_of(body, m.group(0))
     return None
 
 
-@rule("block_numbers_as_positions", "the loop counts blocks, but its number is used as a position",
-      "range(S // block) yields block numbers 0, 1, 2, ...; a slice [j : j + block] takes them as key "
-      "positions, so the blocks overlap (keys 0-15, 1-16, ...) and most keys are never visited. "
-      "Loop over positions -- for start in range(0, S, block) -- or turn the number into one "
-      "(start = j * block). And // drops a partial last block: range(0, S, block) keeps it.")
+@mistake("block_numbers_as_positions", FORMULA_LINE, "the loop counts blocks, but its number is used as a position",
+         "range(S // block) yields block numbers 0, 1, 2, ...; a slice [j : j + block] takes them as key "
+         "positions, so the blocks overlap (keys 0-15, 1-16, ...) and most keys are never visited. "
+         "Loop over positions -- for start in range(0, S, block) -- or turn the number into one "
+         "(start = j * block). And // drops a partial last block: range(0, S, block) keeps it.")
 def _block_numbers(ctx):
     if not ctx.failing:
         return None
-    _, found = _first_found(ctx, _block_numbers_as_positions)
+    _, found = first_found(ctx, _block_numbers_as_positions)
     if not found:
         return None
     loop, sliced = found
@@ -192,11 +186,11 @@ def _block_numbers(ctx):
 _LITERAL = re.compile(r"^(True|False|None|-?\d+(?:\.\d*)?)$")
 
 
-@rule("apply_constant", "apply is handed a constant where the caller's argument belongs",
-      "The wrapper's arguments reach the kernels only through Function.apply(...): a constant "
-      "there (False for causal, 1.0 for scale) ignores what the caller asked for, so every call "
-      "that asks for something else is computed as the constant says. Pass the wrapper's own "
-      "argument on.", kinds=("autograd",))
+@mistake("apply_constant", FORMULA_LINE, "apply is handed a constant where the caller's argument belongs",
+         "The wrapper's arguments reach the kernels only through Function.apply(...): a constant "
+         "there (False for causal, 1.0 for scale) ignores what the caller asked for, so every call "
+         "that asks for something else is computed as the constant says. Pass the wrapper's own "
+         "argument on.")
 def _apply_constant(ctx):
     if not ctx.failing:
         return None
@@ -205,14 +199,14 @@ def _apply_constant(ctx):
     except (TypeError, ValueError):
         return None
     for src in ctx.sources:
-        for text, args in _calls(src, r"(\w+)\.apply"):
-            params = _forward_params(ctx, text.split(".apply")[0].split()[-1])
+        for text, args in calls(src, r"(\w+)\.apply"):
+            params = forward_params(ctx, text.split(".apply")[0].split()[-1])
             if not params or len(args) != len(params):
                 continue
             for arg, param in zip(args, params):
                 value = arg.split("=")[-1].strip()
                 if _LITERAL.match(value) and param in wrapper:
-                    return (f"`{_line_of(src, text.splitlines()[0])}` passes {value} where forward takes "
+                    return (f"`{line_of(src, text.splitlines()[0])}` passes {value} where forward takes "
                             f"{param}, which the wrapper receives as its argument {param}; {ctx.case_pattern()}")
     return None
 
@@ -239,15 +233,15 @@ def _idle_loops(src: str) -> list:
     return out
 
 
-@rule("loop_variable_unused", "a loop never uses its own variable: every iteration does the same",
-      "A loop over blocks moves to its block through the loop variable: offsets = start + "
-      "tl.arange(0, BLOCK) (or a slice start : start + block). Where the body never reads the "
-      "variable, every iteration loads the first block again: the others are never seen and the "
-      "first is counted once per iteration.")
+@mistake("loop_variable_unused", FORMULA_LINE, "a loop never uses its own variable: every iteration does the same",
+         "A loop over blocks moves to its block through the loop variable: offsets = start + "
+         "tl.arange(0, BLOCK) (or a slice start : start + block). Where the body never reads the "
+         "variable, every iteration loads the first block again: the others are never seen and the "
+         "first is counted once per iteration.")
 def _loop_variable_unused(ctx):
     if not ctx.failing:
         return None
-    _, loops = _first_found(ctx, _idle_loops)
+    _, loops = first_found(ctx, _idle_loops)
     if not loops:
         return None
     line, var = loops[0]
@@ -260,12 +254,11 @@ def _loop_variable_unused(ctx):
 _GROUP_HEAD = re.compile(r"^\s*(\w+)\s*=\s*(?:(\w*kv\w*)\s*\+\s*(\w+)|(\w+)\s*\+\s*(\w*kv\w*))\s*$")
 
 
-line_rule("group_head_index", "the query heads of a group are numbered without the group's size",
-          "Under GQA, K/V head h_kv serves GROUP_SIZE = H // H_kv query heads, numbered h_kv * "
-          "GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1. h_kv + g makes the groups overlap (K/V head 1 "
-          "would take query heads 1 and 2 instead of 2 and 3); without GQA (GROUP_SIZE = 1) it happens "
-          "to be right.", kinds=("dkdv", "dq"),
-          test=_GROUP_HEAD.match, show=("case", "tensors"))
+mistake("group_head_index", FORMULA_LINE, "the query heads of a group are numbered without the group's size",
+        "Under GQA, K/V head h_kv serves GROUP_SIZE = H // H_kv query heads, numbered h_kv * "
+        "GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1. h_kv + g makes the groups overlap (K/V head 1 "
+        "would take query heads 1 and 2 instead of 2 and 3); without GQA (GROUP_SIZE = 1) it happens "
+        "to be right.", test=quoted_line(_GROUP_HEAD.match, show=("case", "tensors")))
 
 
 # --------------------------------------------------------------------------------------
@@ -275,21 +268,21 @@ _QUERY_VECTORS = r"(?:row_ok|offs_m|rows?)"
 _KEY_VECTORS = r"(?:col_ok|offs_n|cols?)"
 
 
-def _mask_axes(src: str, kind: str):
+def _mask_axes(src: str, checker):
     """(line, what is wrong) of a mask (not a load's or store's) that lines the query vector up
     with the tile's key axis: in the dK/dV kernel's transposed tile S^T (rows: keys, the LSE as
     lse[None, :]) the queries run along the columns, [None, :]; in the dQ kernel's S along the
     rows, [:, None]."""
     transposed = re.search(r"lse\w*\s*\[\s*None\s*,\s*:\s*\]", src) is not None
-    if kind == "dkdv" and transposed:
+    if checker is DKDV and transposed:
         wrong = [(rf"\b{_QUERY_VECTORS}\[\s*:\s*,\s*None\s*\]", "the query rows", "[None, :]", "columns"),
                  (rf"\b{_KEY_VECTORS}\[\s*None\s*,\s*:\s*\]", "the keys", "[:, None]", "rows")]
-    elif kind == "dq":
+    elif checker is DQ:
         wrong = [(rf"\b{_QUERY_VECTORS}\[\s*None\s*,\s*:\s*\]", "the query rows", "[:, None]", "rows"),
                  (rf"\b{_KEY_VECTORS}\[\s*:\s*,\s*None\s*\]", "the keys", "[None, :]", "columns")]
     else:
         return None
-    for code in _code_lines(src):
+    for code in code_lines(src):
         if re.search(r"tl\.(load|store)\(|\bmask\s*=|stride", code) or "=" not in code:
             continue
         for pattern, what, right, axis in wrong:
@@ -300,16 +293,16 @@ def _mask_axes(src: str, kind: str):
     return None
 
 
-@rule("mask_axes", "a mask is broadcast along the other axis of the tile",
-      "A tile's row vector is [:, None], its column vector [None, :]. The dQ kernel's tile S = Q K^T "
-      "has the queries as rows (row_ok[:, None], offs_m[:, None]) and the keys as columns; the "
-      "dK/dV kernel's S^T = K Q^T the other way round (col_ok[:, None], row_ok[None, :]). Swapped, "
-      "the padded rows are not hidden and real ones are, at the edges only -- so only lengths "
-      "that are not block multiples fail.", kinds=("dq", "dkdv"))
+@mistake("mask_axes", FORMULA_LINE, "a mask is broadcast along the other axis of the tile",
+         "A tile's row vector is [:, None], its column vector [None, :]. The dQ kernel's tile S = Q K^T "
+         "has the queries as rows (row_ok[:, None], offs_m[:, None]) and the keys as columns; the "
+         "dK/dV kernel's S^T = K Q^T the other way round (col_ok[:, None], row_ok[None, :]). Swapped, "
+         "the padded rows are not hidden and real ones are, at the edges only -- so only lengths "
+         "that are not block multiples fail.")
 def _mask_axes_rule(ctx):
     if not ctx.failing:
         return None
-    _, found = _first_found(ctx, lambda src: _mask_axes(src, ctx.kind))
+    _, found = first_found(ctx, lambda src: _mask_axes(src, ctx.checker))
     if not found:
         return None
     line, what = found

@@ -1,15 +1,16 @@
 """The diagnoses of grouped-query attention's head bookkeeping: a grid with a program per query
 head where one per K/V head belongs (or too few programs), and a head index that maps query heads
-to the wrong K/V heads -- named with the map the outputs show. Registered by
-:mod:`flashattn.check.rules` at the place this module is imported there (after the batch and
-head-dim rules, before the strides)."""
+to the wrong K/V heads -- named with the map the outputs show. Tried after the batch and
+head-dim mistakes, before the strides (stage "a pattern that pins the cause" of
+:mod:`flashattn.check.checkers`)."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 
-from .diagnose import exactly as _exactly, rule
+from .engine import PINNED, mistake
+from .evidence import exactly as _exactly
 
 
 def _values_right(ctx) -> bool:
@@ -19,10 +20,10 @@ def _values_right(ctx) -> bool:
                                      for r in ctx.failing for t in r.tensors.values())
 
 
-@rule("gqa_grid", "the grid has a program per query head where one per K/V head belongs",
-      "With GQA a dK/dV program owns one K/V head and loops over the query heads of its group: "
-      "the grid's second axis is B * H_kv. Programs for heads that do not exist read and write "
-      "past the end of the tensors (the values themselves came out right).", kinds=("dkdv",))
+@mistake("gqa_grid", PINNED, "the grid has a program per query head where one per K/V head belongs",
+         "With GQA a dK/dV program owns one K/V head and loops over the query heads of its group: "
+         "the grid's second axis is B * H_kv. Programs for heads that do not exist read and write "
+         "past the end of the tensors (the values themselves came out right).")
 def _gqa_grid(ctx):
     if _exactly(ctx, "gqa") and _values_right(ctx):
         past = [r for r in ctx.failing if r.oob_reads or any(t.guard_touched for t in r.tensors.values())]
@@ -43,11 +44,11 @@ def _unwritten_heads(t) -> Optional[list]:
     return [int(i) for i in torch.nonzero(dead.flatten()).flatten()]
 
 
-@rule("grid_heads", "the grid has too few programs along its (batch, head) axis",
-      "Whole heads were never written, and only under GQA: the grid's second axis counts the "
-      "K/V heads (B * H_kv) where this kernel has one program per query head (B * H). The "
-      "programs that exist compute their heads right; the heads of the missing programs keep the "
-      "poison.", kinds=("dq", "backward", "autograd"))
+@mistake("grid_heads", PINNED, "the grid has too few programs along its (batch, head) axis",
+         "Whole heads were never written, and only under GQA: the grid's second axis counts the "
+         "K/V heads (B * H_kv) where this kernel has one program per query head (B * H). The "
+         "programs that exist compute their heads right; the heads of the missing programs keep the "
+         "poison.")
 def _grid_heads(ctx):
     if not _exactly(ctx, "gqa"):
         return None
@@ -68,11 +69,11 @@ def _grid_heads(ctx):
             f"{ctx.case_pattern()}")
 
 
-@rule("group_factor", "dK and dV are off by the group's size: averaged over the group, not summed",
-      "A K/V head serves GROUP_SIZE query heads, and its gradient is the *sum* of their "
-      "contributions: dK = sum over g of dS_g^T Q_g * scale, dV = sum of P_g^T dO_g. Dividing by "
-      "GROUP_SIZE (an average) or adding each twice scales them by a constant; with one query head "
-      "per K/V head (H_kv = H) the two agree, which is why those cases pass.", kinds=("dkdv", "autograd"))
+@mistake("group_factor", PINNED, "dK and dV are off by the group's size: averaged over the group, not summed",
+         "A K/V head serves GROUP_SIZE query heads, and its gradient is the *sum* of their "
+         "contributions: dK = sum over g of dS_g^T Q_g * scale, dV = sum of P_g^T dO_g. Dividing by "
+         "GROUP_SIZE (an average) or adding each twice scales them by a constant; with one query head "
+         "per K/V head (H_kv = H) the two agree, which is why those cases pass.")
 def _group_factor(ctx):
     if not _exactly(ctx, "gqa"):
         return None
@@ -87,10 +88,10 @@ def _group_factor(ctx):
     return f"{'; '.join(seen[:2])}; {ctx.case_pattern()}" if seen else None
 
 
-@rule("gqa", "a head index is wrong under grouped-query attention",
-      "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
-      "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
-      "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
+@mistake("gqa", PINNED, "a head index is wrong under grouped-query attention",
+         "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
+         "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
+         "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
 def _gqa(ctx):
     if ctx.failing and set.intersection(*(set(r.fingerprints) for r in ctx.failing)):
         return None                                       # a fingerprint rule names it exactly

@@ -5,8 +5,9 @@ and the grid (:class:`flashattn.check.runner.Launch`). Where the kernel keeps th
 parameter names (``H``, ``H_KV``, ``GROUP_SIZE``, ``S_q``, ``S_k``, ``HEAD_DIM``, ``BLOCK_M``,
 ...), a value unlike the case's -- H_kv where H belongs, two arguments in each other's place --
 or a grid whose axes are the other way round from the kernel's ``tl.program_id`` reads is the
-mistake itself, whatever the outputs look like. Registered in :mod:`flashattn.check.rules`
-before the memory rules: a wrong head count is also what sends addresses outside the tensors.
+mistake itself, whatever the outputs look like. Tried before the memory
+mistakes (:mod:`flashattn.check.checkers`): a wrong head count is also what sends addresses
+outside the tensors.
 """
 from __future__ import annotations
 
@@ -16,10 +17,8 @@ from typing import Optional
 
 import torch
 
-from .diagnose import rule
-
-KINDS = ("dq", "dkdv")
-
+from .engine import LAUNCH, mistake
+from .checkers import DQ
 
 def _quantities(case) -> dict:
     """Name -> value of every integer a launch could pass (several names may share a value)."""
@@ -28,11 +27,11 @@ def _quantities(case) -> dict:
             "S_k": case.S_k, "D": case.D, "B": case.B, "B * H": case.B * H, "B * H_kv": case.B * H_kv}
 
 
-def _expected(case, kind: str) -> dict:
+def _expected(case, checker) -> dict:
     """The exercise kernel's integer parameters -> (what belongs there, its value)."""
     out = {"GROUP_SIZE": ("GROUP_SIZE (H // H_kv)", case.H // max(1, case.heads_kv)),
            "S_q": ("S_q", case.S_q), "S_k": ("S_k", case.S_k), "HEAD_DIM": ("D", case.D)}
-    if kind == "dq":
+    if checker is DQ:
         out["H"] = ("H", case.H)
     else:
         out["H_KV"] = ("H_kv", case.heads_kv)
@@ -44,11 +43,11 @@ def _named(value, case, exclude: str = "") -> str:
     return f"{value} (= {' or '.join(names)})" if names else f"{value}"
 
 
-def _mismatches(r, kind: str) -> list:
+def _mismatches(r, checker) -> list:
     """[(parameter, got, (label, want))] for the launches of one case."""
     out = []
     for launch in r.launch_args or ():
-        for name, (label, want) in _expected(r.case, kind).items():
+        for name, (label, want) in _expected(r.case, checker).items():
             got = launch.args.get(name)
             if isinstance(got, bool) or got is None or not float(got).is_integer():
                 continue
@@ -57,15 +56,15 @@ def _mismatches(r, kind: str) -> list:
     return out
 
 
-@rule("launch_value", "a kernel parameter receives the wrong value from the launch",
-      "The launch's arguments fill the kernel's parameters in order: compare them one by one with "
-      "the kernel's signature (a value passed twice, two swapped, or one left out shifts every "
-      "later one). Each number must be the quantity the kernel's code assumes: H the query heads, "
-      "H_KV the K/V heads, GROUP_SIZE = H // H_kv, S_q and S_k, HEAD_DIM = D.", kinds=KINDS)
+@mistake("launch_value", LAUNCH, "a kernel parameter receives the wrong value from the launch",
+         "The launch's arguments fill the kernel's parameters in order: compare them one by one with "
+         "the kernel's signature (a value passed twice, two swapped, or one left out shifts every "
+         "later one). Each number must be the quantity the kernel's code assumes: H the query heads, "
+         "H_KV the K/V heads, GROUP_SIZE = H // H_kv, S_q and S_k, HEAD_DIM = D.")
 def _launch_value(ctx):
     # the mismatches must account for every failing case (a passing case may have one by luck:
     # H_KV = H reads the right heads while B = 1 and the tensors are contiguous)
-    mismatches = {id(r): _mismatches(r, ctx.kind) for r in ctx.results}
+    mismatches = {id(r): _mismatches(r, ctx.checker) for r in ctx.results}
     ran = [r for r in ctx.failing if r.error is None]
     if not ran or not all(mismatches[id(r)] for r in ran):
         return None
@@ -120,11 +119,11 @@ def _wrong_tensors(r) -> list:
     return out
 
 
-@rule("launch_tensor", "a kernel parameter receives another tensor than its name says",
-      "The launch's tensors fill the kernel's pointer parameters in order: compare the call with "
-      "the kernel's signature, position by position. Two tensors in each other's place (LSE and "
-      "delta, K and V, dK and dV) or one passed twice run without an error -- they are all "
-      "pointers -- and the kernel reads or writes the wrong memory.", kinds=KINDS)
+@mistake("launch_tensor", LAUNCH, "a kernel parameter receives another tensor than its name says",
+         "The launch's tensors fill the kernel's pointer parameters in order: compare the call with "
+         "the kernel's signature, position by position. Two tensors in each other's place (LSE and "
+         "delta, K and V, dK and dV) or one passed twice run without an error -- they are all "
+         "pointers -- and the kernel reads or writes the wrong memory.")
 def _launch_tensor(ctx):
     found = _in_every_failing_run(ctx, _wrong_tensors)
     if found is None:
@@ -147,10 +146,10 @@ def _axis0_is_block(fn, block: str) -> bool:
     return bool(m) and re.search(rf"\b{m.group(1)}\s*\*\s*{block}\b", src) is not None
 
 
-def _row_blocks(r, kind: str) -> tuple:
+def _row_blocks(r, checker) -> tuple:
     """(the kernel's block parameter, the rows it blocks, the heads per batch element): a dQ
     program owns query rows of one of H heads, a dK/dV program keys of one of H_kv heads."""
-    return ("BLOCK_M", r.case.S_q, r.case.H) if kind == "dq" else ("BLOCK_N", r.case.S_k, r.case.heads_kv)
+    return ("BLOCK_M", r.case.S_q, r.case.H) if checker is DQ else ("BLOCK_N", r.case.S_k, r.case.heads_kv)
 
 
 def _two_axis_launches(r, block: str):
@@ -162,9 +161,9 @@ def _two_axis_launches(r, block: str):
             yield launch, size
 
 
-def _swapped_grid(r, kind: str):
+def _swapped_grid(r, checker):
     """(grid, expected) where a launch's grid has the kernel's two axes the other way round."""
-    block, rows, heads = _row_blocks(r, kind)
+    block, rows, heads = _row_blocks(r, checker)
     for launch, size in _two_axis_launches(r, block):
         want = (-(-rows // size), r.case.B * heads)
         if launch.grid[:2] == want[::-1] and want[0] != want[1] and _axis0_is_block(launch.fn, block):
@@ -172,31 +171,31 @@ def _swapped_grid(r, kind: str):
     return None
 
 
-@rule("grid_axes", "the grid's axes are the other way round from the kernel's tl.program_id reads",
-      "Your kernel takes its block of rows from tl.program_id(0) and the (batch, head) from "
-      "tl.program_id(1), so the grid must list them in that order: (number of row blocks, "
-      "B * heads). Swapped, programs get a block index that runs up to B * heads (rows far past "
-      "the end, masked or out of bounds) and a head index that stops at the block count (heads "
-      "never written).", kinds=KINDS)
+@mistake("grid_axes", LAUNCH, "the grid's axes are the other way round from the kernel's tl.program_id reads",
+         "Your kernel takes its block of rows from tl.program_id(0) and the (batch, head) from "
+         "tl.program_id(1), so the grid must list them in that order: (number of row blocks, "
+         "B * heads). Swapped, programs get a block index that runs up to B * heads (rows far past "
+         "the end, masked or out of bounds) and a head index that stops at the block count (heads "
+         "never written).")
 def _grid_axes(ctx):
     for r in ctx.failing:
-        hit = _swapped_grid(r, ctx.kind)
+        hit = _swapped_grid(r, ctx.checker)
         if hit:
             grid, want, block = hit
-            heads = "B * H" if ctx.kind == "dq" else "B * H_kv"
-            rows = "S_q" if ctx.kind == "dq" else "S_k"
+            heads = "B * H" if ctx.checker is DQ else "B * H_kv"
+            rows = "S_q" if ctx.checker is DQ else "S_k"
             return (f"'{r.case.name}': the grid is {tuple(grid)}, while the kernel reads its row block "
                     f"from program_id(0) (times {block}) and needs (cdiv({rows}, {block}), {heads}) = "
                     f"{want}; {len(ctx.failing)} of {len(ctx.results)} cases fail")
     return None
 
 
-def _grid_short_in(r, kind: str):
+def _grid_short_in(r, checker):
     """(axis, what the grid has, what belongs, why) where a launch's grid has too few programs:
     row blocks counted with another block size than the kernel's, or a (batch, head) axis
     without the batch."""
-    block, rows, heads = _row_blocks(r, kind)
-    label = "H" if kind == "dq" else "H_kv"
+    block, rows, heads = _row_blocks(r, checker)
+    label = "H" if checker is DQ else "H_kv"
     for launch, size in _two_axis_launches(r, block):
         blocks, pairs = launch.grid[:2]
         if blocks * size < rows and blocks != rows // size:      # rows // size: the unwritten rule's cdiv story
@@ -204,8 +203,8 @@ def _grid_short_in(r, kind: str):
             why = (f"it counts blocks of {other} rows while the kernel's {block} is {size}: the same block size "
                    f"must size both" if other else f"{blocks} programs of {size} rows cover {blocks * size} "
                    f"of {rows}")
-            return 0, blocks, f"cdiv({'S_q' if kind == 'dq' else 'S_k'}, {block}) = {-(-rows // size)}", why
-        other_heads = r.case.heads_kv if kind == "dq" else r.case.H      # grid_heads' slip, not this one
+            return 0, blocks, f"cdiv({'S_q' if checker is DQ else 'S_k'}, {block}) = {-(-rows // size)}", why
+        other_heads = r.case.heads_kv if checker is DQ else r.case.H      # grid_heads' slip, not this one
         if r.case.B > 1 and pairs == heads and pairs < r.case.B * heads and pairs != r.case.B * other_heads:
             later = "batch element 1" if r.case.B == 2 else f"batch elements 1 ... {r.case.B - 1}"
             return 1, pairs, f"B * {label} = {r.case.B * heads}", (
@@ -214,14 +213,14 @@ def _grid_short_in(r, kind: str):
     return None
 
 
-@rule("grid_short", "the grid has too few programs: part of the output is never computed",
-      "The grid is (row blocks, B * heads): one program per block of rows (cdiv of the length by the "
-      "kernel's own block size) for every (batch, head) pair, the kernel taking b = pid // heads and "
-      "h = pid % heads. With fewer programs the rows or batch elements that no program owns keep "
-      "whatever the output held.", kinds=KINDS)
+@mistake("grid_short", LAUNCH, "the grid has too few programs: part of the output is never computed",
+         "The grid is (row blocks, B * heads): one program per block of rows (cdiv of the length by the "
+         "kernel's own block size) for every (batch, head) pair, the kernel taking b = pid // heads and "
+         "h = pid % heads. With fewer programs the rows or batch elements that no program owns keep "
+         "whatever the output held.")
 def _grid_short(ctx):
     for r in ctx.failing:
-        hit = _grid_short_in(r, ctx.kind)
+        hit = _grid_short_in(r, ctx.checker)
         if hit:
             axis, got, want, why = hit
             return (f"'{r.case.name}': grid axis {axis} is {got} where {want} belongs: {why}; "
@@ -240,12 +239,12 @@ def _rows_written(t) -> int:
     return n if n and bool(written[:n].all()) else -1
 
 
-@rule("block_offset_step", "the programs' rows overlap: a block's first row is its program id, not id * BLOCK",
-      "Program p owns rows p * BLOCK ... p * BLOCK + BLOCK - 1: offs = pid * BLOCK + tl.arange(0, BLOCK). "
-      "Without the * BLOCK the programs start one row apart, so their blocks overlap and the rows past "
-      "(programs + BLOCK - 1) are never written.", kinds=KINDS)
+@mistake("block_offset_step", LAUNCH, "the programs' rows overlap: a block's first row is its program id, not id * BLOCK",
+         "Program p owns rows p * BLOCK ... p * BLOCK + BLOCK - 1: offs = pid * BLOCK + tl.arange(0, BLOCK). "
+         "Without the * BLOCK the programs start one row apart, so their blocks overlap and the rows past "
+         "(programs + BLOCK - 1) are never written.")
 def _block_offset_step(ctx):
-    block = "BLOCK_M" if ctx.kind == "dq" else "BLOCK_N"
+    block = "BLOCK_M" if ctx.checker is DQ else "BLOCK_N"
     for r in ctx.failing:
         for launch in r.launch_args or ():
             size, grid = launch.args.get(block), launch.grid
@@ -263,10 +262,10 @@ def _block_offset_step(ctx):
 _PROGRAM_AXIS = re.compile(r"program_id\(\s*(?:axis\s*=\s*)?(\d)\s*\)")
 
 
-@rule("grid_missing_axis", "the grid has fewer axes than the kernel's tl.program_id reads",
-      "tl.program_id(axis) is 0 on every axis the grid does not have: a kernel that takes its "
-      "(batch, head) from program_id(1) needs a two-axis grid, (row blocks, B * heads). Flattened "
-      "into one axis, every program computes batch 0, head 0, and the rest is never written.", kinds=KINDS)
+@mistake("grid_missing_axis", LAUNCH, "the grid has fewer axes than the kernel's tl.program_id reads",
+         "tl.program_id(axis) is 0 on every axis the grid does not have: a kernel that takes its "
+         "(batch, head) from program_id(1) needs a two-axis grid, (row blocks, B * heads). Flattened "
+         "into one axis, every program computes batch 0, head 0, and the rest is never written.")
 def _grid_missing_axis(ctx):
     for r in ctx.failing:
         for launch in r.launch_args or ():
@@ -301,11 +300,11 @@ def _copies_with_old_strides(r) -> list:
     return out
 
 
-@rule("copy_strides", "a copy is launched with the strides of the tensor it was copied from",
-      "q.contiguous() (or .float(), .clone()) is a new tensor with strides of its own: where the input "
-      "was not contiguous they differ from q.stride(). The kernel walks the copy with the strides it is "
-      "given, so pass the strides of the tensor you pass: make the copy first (q = q.contiguous()), "
-      "then launch with q and *q.stride().", kinds=KINDS)
+@mistake("copy_strides", LAUNCH, "a copy is launched with the strides of the tensor it was copied from",
+         "q.contiguous() (or .float(), .clone()) is a new tensor with strides of its own: where the input "
+         "was not contiguous they differ from q.stride(). The kernel walks the copy with the strides it is "
+         "given, so pass the strides of the tensor you pass: make the copy first (q = q.contiguous()), "
+         "then launch with q and *q.stride().")
 def _copy_strides(ctx):
     ran = [r for r in ctx.failing if r.error is None]
     found = {id(r): _copies_with_old_strides(r) for r in ran}
@@ -323,10 +322,10 @@ def _outputs_copied(r) -> list:
                    if _tensor_param(p) in ("dQ", "dK", "dV") and (launch.tensors or {}).get(p) is None})
 
 
-@rule("output_copy", "the kernel writes into a copy of the output, not into the output handed in",
-      "dq.contiguous() (like .clone(), .float(), .to(...)) is a new tensor wherever dq is not already "
-      "contiguous: the kernel fills the copy, and the dq the caller holds keeps its old contents. Pass "
-      "the output itself with its own strides (*dq.stride()): the kernel can write any layout.", kinds=KINDS)
+@mistake("output_copy", LAUNCH, "the kernel writes into a copy of the output, not into the output handed in",
+         "dq.contiguous() (like .clone(), .float(), .to(...)) is a new tensor wherever dq is not already "
+         "contiguous: the kernel fills the copy, and the dq the caller holds keeps its old contents. Pass "
+         "the output itself with its own strides (*dq.stride()): the kernel can write any layout.")
 def _output_copy(ctx):
     found = _in_every_failing_run(ctx, _outputs_copied)
     if found is None or any(_outputs_copied(r) for r in ctx.results if r.ok):
@@ -359,10 +358,10 @@ def _borrowed_strides(r) -> list:
     return out
 
 
-@rule("borrowed_strides", "a tensor is launched with another tensor's strides",
-      "Each tensor's stride parameters must get that tensor's own .stride(): *dk.stride() for dK, "
-      "*dv.stride() for dV. Two tensors laid out alike hide the slip (their strides are equal), which "
-      "is why one case hands them in different layouts.", kinds=KINDS)
+@mistake("borrowed_strides", LAUNCH, "a tensor is launched with another tensor's strides",
+         "Each tensor's stride parameters must get that tensor's own .stride(): *dk.stride() for dK, "
+         "*dv.stride() for dV. Two tensors laid out alike hide the slip (their strides are equal), which "
+         "is why one case hands them in different layouts.")
 def _borrowed_strides_rule(ctx):
     found = _in_every_failing_run(ctx, _borrowed_strides)
     if found is None:

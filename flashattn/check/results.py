@@ -15,6 +15,7 @@ import torch
 
 from ..verify import per_head_relative_error
 from .battery import Case, is_poison
+from .errors import Unwritten
 
 
 @dataclass
@@ -89,11 +90,6 @@ def compare(name: str, actual, expected, tol: float, guard_touched: int = 0) -> 
         ratio, resid, cosine = math.nan, math.inf, math.nan
     return TensorResult(name, rel, per_head, row_err, tol, finite, ratio, resid, unwritten,
                         guard_touched, a, cosine)
-
-
-class Unwritten(NotImplementedError):
-    """The exercise's placeholder still raising: the code is not written yet (unlike a
-    NotImplementedError that PyTorch raises for an operation it lacks)."""
 
 
 @dataclass

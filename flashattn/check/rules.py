@@ -1,42 +1,89 @@
-"""Every diagnosis the checkers can give, in the order they are tried: the first that fits wins.
+"""The mistakes of the stages that come first and in between: the code did not run, it raised,
+wrote into an input or raced, stray addresses, a batch offset, the head-dim mask, strides,
+memory, NaN, a sign and the scale. Each is one function with its title (what is wrong) and idea
+(the principle to check: no code) beside it, and returns the evidence from this run, or None.
 
-Each rule is one function with its title (what is wrong) and idea (the principle to check: no
-code) beside it, and returns the evidence from this run, or None. Adding a diagnosis means
-adding one rule here -- at the place in the order where it is more specific than the rules
-after it -- and a planted bug (``flashattn.planted.CATALOG`` or a test function) that triggers
-exactly it (``tests/test_check_kernels.py``, ``tests/test_check.py``).
-
-The order, roughly: the code did not run (not written, no kernel, wrong order or shape, exceptions);
+Every checker tries the stages in this order (:mod:`flashattn.check.checkers` holds each row): the code did not run (not written, no kernel, wrong order or shape, exceptions);
 it wrote into an input; it ran differently twice (a race); patterns that pin a cause exactly (a
 batch offset, the head-dim mask, the GQA head, one tensor with another's strides); memory (reads past the end, elements never written); exact
 matches with known wrong formulas; NaN; writes past the end; constant factors; which outputs are
 wrong; which cases are wrong; and last, what was seen."""
 from __future__ import annotations
 
+import inspect
 import math
 import re
 
 import torch
 
 from .battery import BLOCKS
-from .diagnose import (CtxTensors, DtypeError, NoBackwardKernel, NoGradient, ShapeError, _errors, _first_error,
-                       _ranges, exactly as _exactly, rule, separating)
+from .checkers import AUTOGRAD, KERNELS
+from .engine import DID_NOT_RUN, LAUNCH, MEMORY, NUMBERS, OUTPUTS, PINNED, RAN_BADLY, mistake
+from .errors import CtxTensors, DtypeError, NoBackwardKernel, NoGradient, ShapeError, Unwritten
+from .evidence import errors_raised, exactly as _exactly, first_raised, ranges, separating
+from .source import first_line, guard_story, unused_assignments
 from .exception_ideas import exception_idea, substitution_story
-from .results import Unwritten
+from .exception_origins import _chain
+from .origin import _kernels_used
 from .shape_names import (aliased_buffers, dtype_story, lost_axes, returned_the_wrong_thing, saved_unpacked_otherwise,
                           shape_story, squeeze_story, unpacked_out_of_order_line)
-from .structure_rules import add as add_structure_rules
 
 # --------------------------------------------------------------------------------------
 # the code did not run
 # --------------------------------------------------------------------------------------
 
 
-@rule("not_implemented", "not written yet",
-      "Your code still raises NotImplementedError: replace the `raise NotImplementedError()` line "
-      "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.")
+#: an accumulator made by tl.zeros in the inputs' 16-bit type: ``name = tl.zeros(..., dtype=...)``
+_ZEROS = re.compile(r"^\s*(\w+)\s*=\s*tl\.zeros\((.*)\)\s*(?:#.*)?$")
+_HALF_DTYPE = re.compile(r"dtype\s*=\s*(tl\.(?:float16|bfloat16)|\b(?:Q|K|V|DO|DQ|DK|DV|O)\.dtype\.element_ty)")
+
+
+def _launched_kernels(results: list, fn) -> list:
+    """(name, Python function) of the Triton kernels the cases launched -- or, where none got as far
+    as launching (a compile error), those the launcher ``fn`` names (``origin._kernels_used``)."""
+    found = {id(l.fn): (l.kernel, l.fn) for r in results for l in r.launch_args or [] if l.fn is not None}
+    return list(found.values()) or [(name, k.fn) for name, k in _kernels_used(fn)]
+
+
+@mistake("accumulator_precision", DID_NOT_RUN, "an accumulator is made in a 16-bit type",
+         "A sum over many tiles -- dQ, dK, dV, O -- is kept in tl.float32 and cast to the "
+         "output's type once, at the store. Triton's CPU interpreter computes a 16-bit "
+         "tl.zeros in fp32 anyway, so the values pass there; on a GPU the loop does not "
+         "compile (tl.dot returns fp32, which changes the carried variable's type), and "
+         "summed in fp16 the gradient would lose its low digits. Make it tl.zeros(..., "
+         "dtype=tl.float32).", when_passing=True)
+def _accumulator_precision(ctx):
+    """A kernel whose values passed, but whose accumulators (``tl.zeros`` outside the loop) take a
+    16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
+    compile the loop (tl.dot's fp32 result changes the carried variable's type) or, written to
+    compile, sums in half precision. Tried only where every case passed (the interpreter) or
+    failed to compile (a GPU), on the kernels the cases launched. Tried even when every case
+    passed (``when_passing``): it reads the code, not the values."""
+    results = ctx.results
+    compiled_not = bool(results) and all(r.error is not None and
+                                         any(type(e).__name__ == "CompilationError" for e in _chain(r.error))
+                                         for r in results)
+    if not results or not (all(r.ok for r in results) or compiled_not):
+        return None
+    for kernel, kernel_fn in _launched_kernels(results, ctx.subject):
+        try:
+            source = inspect.getsource(kernel_fn)
+        except (OSError, TypeError):
+            continue
+        for line in source.splitlines():
+            m = _ZEROS.match(line)
+            half = _HALF_DTYPE.search(m.group(2)) if m else None
+            if half:
+                return (f"`{line.split('#')[0].strip()}` in {kernel}: dtype {half.group(1)}" +
+                        ("; on this GPU the kernel did not compile" if compiled_not else ""))
+    return None
+
+
+@mistake("not_implemented", DID_NOT_RUN, "not written yet",
+         "Your code still raises NotImplementedError: replace the `raise NotImplementedError()` line "
+         "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.")
 def _not_implemented(ctx):
-    first = _first_error(ctx, Unwritten)
+    first = first_raised(ctx, Unwritten)
     if first is None:
         return None
     function = getattr(first.error, "function", "")
@@ -44,39 +91,36 @@ def _not_implemented(ctx):
             if function and not function.startswith("<") else "")
 
 
-@rule("no_backward_kernel", "the backward launched no kernel",
-      "Lesson 05 wires the *kernels* into autograd: backward calls attention_backward_delta, "
-      "attention_backward_dq and attention_backward_dkdv on what forward saved. Yours got the "
-      "gradients without launching one (PyTorch's autograd on a recomputed softmax?): the values "
-      "are right, but that backward builds the S_q x S_k matrices the kernels exist to avoid.",
-      kinds=("autograd",))
+@mistake("no_backward_kernel", DID_NOT_RUN, "the backward launched no kernel",
+         "Lesson 05 wires the *kernels* into autograd: backward calls attention_backward_delta, "
+         "attention_backward_dq and attention_backward_dkdv on what forward saved. Yours got the "
+         "gradients without launching one (PyTorch's autograd on a recomputed softmax?): the values "
+         "are right, but that backward builds the S_q x S_k matrices the kernels exist to avoid.")
 def _no_backward_kernel(ctx):
-    hits = _errors(ctx, NoBackwardKernel)
+    hits = errors_raised(ctx, NoBackwardKernel)
     if not hits:
         return None
     return f"no Triton kernel ran inside backward, in {len(hits)} of {len(ctx.results)} cases"
 
 
-@rule("ctx_attributes", "tensors are kept on ctx as attributes, not with ctx.save_for_backward",
-      "ctx.save_for_backward(q, k, v, o, lse) is how an autograd.Function keeps tensors for its "
-      "backward (ctx.saved_tensors hands them back): autograd then checks that none was changed in "
-      "place before the backward runs -- a silently wrong gradient otherwise -- and frees them once "
-      "the backward is done. A tensor put on ctx as an attribute (ctx.o = o) gets neither: an in-place "
-      "change goes unnoticed, and ctx and the output keep each other alive until the garbage "
-      "collector runs. Plain values (causal, scale) are the ones that go on ctx as attributes.",
-      kinds=("autograd",))
+@mistake("ctx_attributes", DID_NOT_RUN, "tensors are kept on ctx as attributes, not with ctx.save_for_backward",
+         "ctx.save_for_backward(q, k, v, o, lse) is how an autograd.Function keeps tensors for its "
+         "backward (ctx.saved_tensors hands them back): autograd then checks that none was changed in "
+         "place before the backward runs -- a silently wrong gradient otherwise -- and frees them once "
+         "the backward is done. A tensor put on ctx as an attribute (ctx.o = o) gets neither: an in-place "
+         "change goes unnoticed, and ctx and the output keep each other alive until the garbage "
+         "collector runs. Plain values (causal, scale) are the ones that go on ctx as attributes.")
 def _ctx_attributes(ctx):
-    hits = _errors(ctx, CtxTensors)
+    hits = errors_raised(ctx, CtxTensors)
     if not hits:
         return None
     return (f"forward put {', '.join('ctx.' + n for n in hits[0].error.names)} on ctx, in {len(hits)} of "
             f"{len(ctx.results)} cases")
 
 
-@rule("no_kernel", "your launcher ran no kernel",
-      "This checker checks a kernel: the launcher must launch it (kernel[grid](...)) and let it "
-      "write the outputs it was given. It computed them some other way (plain PyTorch?) or not at all.",
-      kinds=("dq", "dkdv"))
+@mistake("no_kernel", DID_NOT_RUN, "your launcher ran no kernel",
+         "This checker checks a kernel: the launcher must launch it (kernel[grid](...)) and let it "
+         "write the outputs it was given. It computed them some other way (plain PyTorch?) or not at all.")
 def _no_kernel(ctx):
     counted = [r for r in ctx.results if r.launches is not None]
     if counted and all(r.launches == 0 for r in counted):
@@ -84,20 +128,20 @@ def _no_kernel(ctx):
     return None
 
 
-@rule("grad_order", "gradients returned in the wrong order",
-      "Return the gradients in the order of the inputs they belong to: (dq, dk, dv) for "
-      "(q, k, v) -- and in an autograd.Function, one per input of forward, None for the "
-      "non-tensor ones.")
+@mistake("grad_order", DID_NOT_RUN, "gradients returned in the wrong order",
+         "Return the gradients in the order of the inputs they belong to: (dq, dk, dv) for "
+         "(q, k, v) -- and in an autograd.Function, one per input of forward, None for the "
+         "non-tensor ones.")
 def _grad_order(ctx):
     swapped = [r for r in ctx.results if r.swapped]
     if swapped:
         got, wanted = swapped[0].swapped
         return f"in {ctx.names_of(swapped)} the tensor returned as {got} has the shape of {wanted}"
     # (a case that asks for some gradients only cannot show a pair holding each other's values)
-    full = [r for r in ctx.failing if ctx.kind != "autograd" or {"dQ", "dK", "dV"} <= set(r.tensors)]
+    full = [r for r in ctx.failing if ctx.checker is not AUTOGRAD or {"dQ", "dK", "dV"} <= set(r.tensors)]
     if full and all("swapped" in r.fingerprints for r in full):
         evidence = f"in every failing case two gradients hold each other's true values ({ctx.tensor_pattern()})"
-        if ctx.kind in ("dq", "dkdv"):
+        if ctx.checker in KERNELS:
             return evidence, ("Each output pointer gets its own values: the kernel stores dK's "
                               "accumulator into DK with DK's strides, dV's into DV.")
         # the return may be right and the names wrong where a call's results are unpacked
@@ -116,11 +160,11 @@ def _grad_order(ctx):
 _SHAPE = re.compile(r"[\[(](\d+(?:, ?\d+)+)[\])]")
 
 
-@rule("saved_order", "O and the LSE trade places on their way to the backward",
-      "A tensor with the LSE's shape [B, H, S_q] arrived where O [B, H, S_q, D] was expected, or the "
-      "reverse. Two places can swap them: the forward's results (o, lse = attention_forward(...), "
-      "in the order it returns them) and ctx.saved_tensors, which come back in the order "
-      "ctx.save_for_backward was given them.", kinds=("autograd",))
+@mistake("saved_order", DID_NOT_RUN, "O and the LSE trade places on their way to the backward",
+         "A tensor with the LSE's shape [B, H, S_q] arrived where O [B, H, S_q, D] was expected, or the "
+         "reverse. Two places can swap them: the forward's results (o, lse = attention_forward(...), "
+         "in the order it returns them) and ctx.saved_tensors, which come back in the order "
+         "ctx.save_for_backward was given them.")
 def _saved_order(ctx):
     for r in ctx.results:
         if r.error is None:
@@ -136,15 +180,14 @@ def _saved_order(ctx):
     return None
 
 
-@rule("dtype", "an output has the wrong dtype",
-      "Return each output in the dtype the exercise asks for: O like q (cast the fp32 "
-      "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.")
+@mistake("dtype", DID_NOT_RUN, "an output has the wrong dtype",
+         "Return each output in the dtype the exercise asks for: O like q (cast the fp32 "
+         "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.")
 def _dtype(ctx):
-    r = _first_error(ctx, DtypeError)
+    r = first_raised(ctx, DtypeError)
     if r is None:
         return None
-    from .code_rules import _first_line
-    made = _first_line(ctx, lambda c: re.search(r"torch\.(?:zeros|empty|ones)\(\s*[\w.]+\.shape\s*\)", c))
+    made = first_line(ctx, lambda c: re.search(r"torch\.(?:zeros|empty|ones)\(\s*[\w.]+\.shape\s*\)", c))
     if made:     # a buffer in torch's defaults: float32 on the CPU
         return (f"case '{r.case.name}': {r.error}; `{made}`",
                 "torch.zeros(shape) (empty, ones) makes torch's default: float32, on the CPU. A buffer "
@@ -154,23 +197,21 @@ def _dtype(ctx):
     return (f"case '{r.case.name}': {r.error}; `{story[0]}`", story[1]) if story else f"case '{r.case.name}': {r.error}"
 
 
-@rule("none_gradient", "a gradient came back None although its input requires grad",
-      "backward returns None for an input only when ctx.needs_input_grad says it needs none. "
-      "needs_input_grad is indexed like forward's inputs: 0 is q, 1 is k, 2 is v -- check which "
-      "index guards which gradient.", kinds=("autograd",))
+@mistake("none_gradient", DID_NOT_RUN, "a gradient came back None although its input requires grad",
+         "backward returns None for an input only when ctx.needs_input_grad says it needs none. "
+         "needs_input_grad is indexed like forward's inputs: 0 is q, 1 is k, 2 is v -- check which "
+         "index guards which gradient.")
 def _none_gradient(ctx):
-    r = _first_error(ctx, NoGradient)
+    r = first_raised(ctx, NoGradient)
     if r is None:
         return None
     evidence = f"case '{r.case.name}' (inputs requiring grad: {', '.join(r.case.requires)}): {r.error}"
-    from .code_rules import unused_assignments
     unused = unused_assignments(ctx)
     if unused:                     # d_q = ... computed, dq returned: the gradient is never handed back
         return (f"{evidence}; `{unused[0]}` computes a value that is never used afterwards",
                 "The gradient is computed but not returned: the name assigned is not the one returned (a "
                 "typo, d_q for dq?), or it is assigned after the return. backward returns one value per "
                 "forward input, in order.")
-    from .code_rules import guard_story
     story = guard_story(ctx, getattr(r.error, "missing", ()))
     if story:                      # `if not needs_input_grad[i]`, or dK/dV inside q's guard
         return f"{evidence}; {story[0]}", story[1]
@@ -184,11 +225,11 @@ def _none_gradient(ctx):
     return evidence
 
 
-@rule("shape", "an output has the wrong shape or type",
-      "Return tensors shaped like the reference: dQ like q, dK and dV like k and v, "
-      "P [B, H, S_q, S_k], LSE [B, H, S_q].")
+@mistake("shape", DID_NOT_RUN, "an output has the wrong shape or type",
+         "Return tensors shaped like the reference: dQ like q, dK and dV like k and v, "
+         "P [B, H, S_q, S_k], LSE [B, H, S_q].")
 def _shape(ctx):
-    r = _first_error(ctx, ShapeError)
+    r = first_raised(ctx, ShapeError)
     if r is None:
         return None
     message = str(r.error)
@@ -208,8 +249,7 @@ def _shape(ctx):
         want = [int(x) for x in m.group(3).split(",") if x.strip()]
         story = shape_story(m.group(1), got, want, r.case)
         if story and "comes out transposed" in story:
-            from .code_rules import _first_line
-            turned = _first_line(ctx, lambda c: c.startswith("return") and
+            turned = first_line(ctx, lambda c: c.startswith("return") and
                                  re.search(r"\.mT\b|\.T\b|\.transpose\(|\.permute\(", c))
             if turned and "mask" in m.group(1):
                 story = f"`{turned}` turns it round. {story}"
@@ -235,14 +275,11 @@ def _shape(ctx):
 
 
 
-from . import code_rules  # noqa: E402,F401  (slips the code itself shows: before the exceptions they cause)
-from . import line_slips  # noqa: E402,F401  (one line's Python or Triton slip, the same place)
-from . import call_slips  # noqa: E402,F401  (more of them: set Q's)
 
 
-@rule("exception", "your code raised an exception",
-      "The error and the line it came from are shown below; the cases it raised in say what they "
-      "share (S_q != S_k, non-contiguous tensors, ...).")
+@mistake("exception", RAN_BADLY, "your code raised an exception",
+         "The error and the line it came from are shown below; the cases it raised in say what they "
+         "share (S_q != S_k, non-contiguous tensors, ...).")
 def _exception(ctx):
     raised = [r for r in ctx.results if r.error is not None]
     if not raised:
@@ -281,11 +318,11 @@ def _factor_text(f, case) -> str:
     return f", scaled by {f:.4g}{named}"
 
 
-@rule("input_modified", "your code wrote into one of its inputs",
-      "Inputs are read-only: compute into a new tensor (q * scale, not q.mul_(scale); q = q * "
-      "scale, not q *= scale; no do.zero_(), no out= pointing at an input). The caller still "
-      "needs them -- autograd reuses the tensors it saved, and a second call sees the changed "
-      "values, which is also why two runs on the same input differ.")
+@mistake("input_modified", RAN_BADLY, "your code wrote into one of its inputs",
+         "Inputs are read-only: compute into a new tensor (q * scale, not q.mul_(scale); q = q * "
+         "scale, not q *= scale; no do.zero_(), no out= pointing at an input). The caller still "
+         "needs them -- autograd reuses the tensors it saved, and a second call sees the changed "
+         "values, which is also why two runs on the same input differ.")
 def _input_modified(ctx):
     hits = [r for r in ctx.results if r.inputs_modified]
     if not hits:
@@ -301,7 +338,7 @@ def _input_modified(ctx):
     evidence = (f"your code wrote into its input {_HANDED_NAMES.get(name, name)} in '{r.case.name}' ({n} of "
                 f"{total} elements changed{_factor_text(f, r.case)}); inputs written: "
                 f"{', '.join(names)}, in {len(hits)} of {len(ctx.results)} cases")
-    if ctx.kind in ("dq", "dkdv"):
+    if ctx.checker in KERNELS:
         return evidence, ("Inputs are read-only: a kernel stores only into the outputs it is given (DQ; DK "
                           "and DV), and the launcher does not change its arguments in place (q * scale, not "
                           "q.mul_(scale)). Check each tl.store's pointer: it must be built from the output's "
@@ -309,26 +346,25 @@ def _input_modified(ctx):
     return evidence
 
 
-@rule("race", "results change between runs on the same input: a race on a global accumulator",
-      "Two runs on identical inputs gave different bits. Several programs (or threads) add into "
-      "the same output addresses, and the order of those additions -- or whether an update is "
-      "lost -- depends on scheduling. Atomics fix lost updates but not the order. Give every "
-      "output block to exactly one program that accumulates in registers and stores once.")
+@mistake("race", RAN_BADLY, "results change between runs on the same input: a race on a global accumulator",
+         "Two runs on identical inputs gave different bits. Several programs (or threads) add into "
+         "the same output addresses, and the order of those additions -- or whether an update is "
+         "lost -- depends on scheduling. Atomics fix lost updates but not the order. Give every "
+         "output block to exactly one program that accumulates in registers and stores once.")
 def _race(ctx):
     r = next((r for r in ctx.results if r.nondeterministic), None)
     return f"case '{r.case.name}': {', '.join(r.nondeterministic)} differed between two runs" if r else None
 
 
-from . import launch_rules  # noqa: E402,F401  (what the launch handed the kernel: before the memory rules)
 
 
-@rule("wild_access", "an address falls outside every tensor the kernel was given",
-      "Some loads or stores reached memory that belongs to none of the kernel's tensors (in the "
-      "interpreter the checker fences them off; on a GPU they land wherever the address points: an "
-      "illegal memory access, or silent corruption of something else). "
-      "The address is far off, not one block too far: the batch and head decoded from the program "
-      "id the wrong way round, two strides swapped, a head count or a grid larger than the tensors "
-      "(H_kv passed where H belongs), or an offset built from the wrong length.")
+@mistake("wild_access", LAUNCH, "an address falls outside every tensor the kernel was given",
+         "Some loads or stores reached memory that belongs to none of the kernel's tensors (in the "
+         "interpreter the checker fences them off; on a GPU they land wherever the address points: an "
+         "illegal memory access, or silent corruption of something else). "
+         "The address is far off, not one block too far: the batch and head decoded from the program "
+         "id the wrong way round, two strides swapped, a head count or a grid larger than the tensors "
+         "(H_kv passed where H belongs), or an offset built from the wrong length.")
 def _wild_access(ctx):
     hits = [r for r in ctx.results if r.wild]
     if not hits:
@@ -352,28 +388,27 @@ def _displaced_stores(ctx):
             f"went to other addresses; {ctx.case_pattern()}")
 
 
-from . import beyond_rules  # noqa: E402,F401  (lesson 09's checkers: registered here, in this order)
 
 
 # --------------------------------------------------------------------------------------
 # patterns that pin one cause
 # --------------------------------------------------------------------------------------
 
-@rule("batch", "only batch element 0 is right: a batch offset is missing or wrong",
-      "Wrong exactly in the cases with several batch elements: some tensor's pointer is not moved "
-      "to its batch element (b * that tensor's own batch stride), or is moved with another "
-      "tensor's batch stride.")
+@mistake("batch", PINNED, "only batch element 0 is right: a batch offset is missing or wrong",
+         "Wrong exactly in the cases with several batch elements: some tensor's pointer is not moved "
+         "to its batch element (b * that tensor's own batch stride), or is moved with another "
+         "tensor's batch stride.")
 def _batch(ctx):
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if _exactly(ctx, "batch") else None
 
 
-@rule("head_dim_mask", "a load or store lacks the head-dim mask (offs_d < HEAD_DIM)",
-      "Only the case whose head dim D is below its padded block (D = 24, BLOCK_D = 32) fails. "
-      "The columns D..BLOCK_D-1 of each tile do not exist: a load without `offs_d < HEAD_DIM` "
-      "reads the next row's first elements (past the last row: whatever follows the tensor), a "
-      "store without it writes over them. Every load and store of a [rows, D] tile needs the "
-      "head-dim mask beside its row mask (`row_ok[:, None] & d_ok[None, :]`), and HEAD_DIM is "
-      "the real D, not BLOCK_D.", kinds=("dq", "dkdv"))
+@mistake("head_dim_mask", PINNED, "a load or store lacks the head-dim mask (offs_d < HEAD_DIM)",
+         "Only the case whose head dim D is below its padded block (D = 24, BLOCK_D = 32) fails. "
+         "The columns D..BLOCK_D-1 of each tile do not exist: a load without `offs_d < HEAD_DIM` "
+         "reads the next row's first elements (past the last row: whatever follows the tensor), a "
+         "store without it writes over them. Every load and store of a [rows, D] tile needs the "
+         "head-dim mask beside its row mask (`row_ok[:, None] & d_ok[None, :]`), and HEAD_DIM is "
+         "the real D, not BLOCK_D.")
 def _head_dim_mask(ctx):
     if not _exactly(ctx, "head_dim"):
         return None
@@ -388,9 +423,7 @@ def _head_dim_mask(ctx):
     return "; ".join([ctx.case_pattern()] + seen + [ctx.tensor_pattern()])
 
 
-from . import head_rules  # noqa: E402,F401  (the GQA head rules: registered here, in this order)
 
-add_structure_rules("kv_head")
 
 _STRIDE_ID = re.compile(r"^stride_(\w+?)_(\w+?)(?:_\d)?$|^[qkv]_layout$")
 
@@ -401,10 +434,10 @@ def _unlike_contiguous(case, name: str, dims) -> bool:
     return any(case.strides()[name][d] != case.output_strides(name)[d] for d in dims)
 
 
-@rule("stride", "a tensor is addressed with another tensor's strides",
-      "Wrong exactly in the cases where two tensors' strides differ: one of them is offset with "
-      "the other's stride. Every tensor gets its own stride arguments, named after it "
-      "(stride_v_s for V's rows, never stride_k_s), and each load uses its own.")
+@mistake("stride", PINNED, "a tensor is addressed with another tensor's strides",
+         "Wrong exactly in the cases where two tensors' strides differ: one of them is offset with "
+         "the other's stride. Every tensor gets its own stride arguments, named after it "
+         "(stride_v_s for V's rows, never stride_k_s), and each load uses its own.")
 def _stride(ctx):
     if ctx.pattern is None or not ctx.exact or not _STRIDE_ID.match(ctx.pattern.id.split("&")[0]):
         return None
@@ -484,29 +517,27 @@ def _past_other_length(query_side: bool):
     return test
 
 
-rule("row_mask_length", "the query rows are bounded by S_k: a row mask or bound uses the wrong length",
-     "The query rows from S_k on were never written: a row mask (or the loop, or the grid) is "
-     "bounded by S_k where S_q belongs. Query rows -- Q, dO, LSE, delta, dQ, O -- are masked "
-     "with `rows < S_q`, keys -- K, V, dK, dV -- with `keys < S_k`. Where S_q < S_k the same "
-     "mask lets loads and stores run past the end of the query-side tensors.",
-     )(_past_other_length(query_side=True))
+mistake("row_mask_length", MEMORY, "the query rows are bounded by S_k: a row mask or bound uses the wrong length",
+        "The query rows from S_k on were never written: a row mask (or the loop, or the grid) is "
+        "bounded by S_k where S_q belongs. Query rows -- Q, dO, LSE, delta, dQ, O -- are masked "
+        "with `rows < S_q`, keys -- K, V, dK, dV -- with `keys < S_k`. Where S_q < S_k the same "
+        "mask lets loads and stores run past the end of the query-side tensors.",
+        test=_past_other_length(query_side=True))
 
-rule("key_mask_length", "the keys are bounded by S_q: a key mask or bound uses the wrong length",
-     "The keys from S_q on were never written: a key mask (or the loop, or the grid) is bounded "
-     "by S_q where S_k belongs. Keys -- K, V, dK, dV -- are masked with `keys < S_k`, query rows "
-     "with `rows < S_q`.",
-     )(_past_other_length(query_side=False))
+mistake("key_mask_length", MEMORY, "the keys are bounded by S_q: a key mask or bound uses the wrong length",
+        "The keys from S_q on were never written: a key mask (or the loop, or the grid) is bounded "
+        "by S_q where S_k belongs. Keys -- K, V, dK, dV -- are masked with `keys < S_k`, query rows "
+        "with `rows < S_q`.", test=_past_other_length(query_side=False))
 
 
-add_structure_rules("grid_length")
 
 _QUERY_SIDE = {"q", "do", "lse", "delta"}
 
 
-@rule("lengths_swapped", "S_q and S_k are swapped (in the launch or the kernel's arguments)",
-      "Wrong exactly where S_q != S_k, and the loads run past the end of the query-side tensors "
-      "(Q, dO, LSE, delta) where S_q < S_k, of K and V where S_q > S_k: the kernel believes each "
-      "length is the other. Compare the call's arguments with the kernel's signature.")
+@mistake("lengths_swapped", MEMORY, "S_q and S_k are swapped (in the launch or the kernel's arguments)",
+         "Wrong exactly where S_q != S_k, and the loads run past the end of the query-side tensors "
+         "(Q, dO, LSE, delta) where S_q < S_k, of K and V where S_q > S_k: the kernel believes each "
+         "length is the other. Compare the call's arguments with the kernel's signature.")
 def _lengths_swapped(ctx):
     seen = [r for r in ctx.failing if r.oob_reads]
     if not seen and _exactly(ctx, "sq_ne_sk") and _lengths_swapped_by_stores(ctx):
@@ -542,12 +573,12 @@ def _aligned(case) -> bool:
     return case.S_q % BLOCKS[-1] == 0 and case.S_k % BLOCKS[-1] == 0
 
 
-@rule("address_past_end", "a load's address is wrong (a stride, an index or an offset), not its mask",
-      "Loads read past the end of a tensor even in cases where every length is a multiple of the "
-      "block, so no mask is needed there: the address itself points outside. Check the offsets "
-      "of that tensor: each dimension's index times that tensor's own stride for that same "
-      "dimension (b with stride_b, h with stride_h, rows with stride_s, columns with stride_d), "
-      "and head indices that stay below the number of heads.")
+@mistake("address_past_end", MEMORY, "a load's address is wrong (a stride, an index or an offset), not its mask",
+         "Loads read past the end of a tensor even in cases where every length is a multiple of the "
+         "block, so no mask is needed there: the address itself points outside. Check the offsets "
+         "of that tensor: each dimension's index times that tensor's own stride for that same "
+         "dimension (b with stride_b, h with stride_h, rows with stride_s, columns with stride_d), "
+         "and head indices that stay below the number of heads.")
 def _address_past_end(ctx):
     seen = [r for r in ctx.failing if r.oob_reads and _aligned(r.case)]
     traced = [r for r in ctx.failing if r.nan_from and _aligned(r.case)]   # a GPU's evidence
@@ -563,12 +594,12 @@ def _address_past_end(ctx):
             f"{ctx.names_of(seen)}, where S_q and S_k are multiples of {BLOCKS[-1]}: no mask is at stake there")
 
 
-@rule("read_past_end", "a load reads past the end of a tensor (a mask is missing)",
-      "The memory around every input holds NaN here, and your code read it: some load reaches "
-      "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "
-      "query-row mask for q, dO, LSE and delta, the key mask for k and v -- so that padded "
-      "positions read a harmless `other` value. (Past the end of a tensor there may be another "
-      "tensor, or no memory at all: even a value that is thrown away later must not be read.)")
+@mistake("read_past_end", MEMORY, "a load reads past the end of a tensor (a mask is missing)",
+         "The memory around every input holds NaN here, and your code read it: some load reaches "
+         "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "
+         "query-row mask for q, dO, LSE and delta, the key mask for k and v -- so that padded "
+         "positions read a harmless `other` value. (Past the end of a tensor there may be another "
+         "tensor, or no memory at all: even a value that is thrown away later must not be read.)")
 def _read_past_end(ctx):
     seen = [r for r in ctx.failing if r.oob_reads]
     if seen:
@@ -583,14 +614,13 @@ def _read_past_end(ctx):
             f"turns NaN; with finite values there it does not (case '{hits[0].case.name}')")
 
 
-add_structure_rules("never_stored")
 
 
-@rule("head_dim_tile", "the head-dim tile is narrower than the head dim: the last columns are never stored",
-      "Every row was stored, but only its first columns: the tile's column axis, tl.arange(0, BLOCK_D), "
-      "must cover the whole head dim, so BLOCK_D is D rounded up to a power of two "
-      "(triton.next_power_of_2(D)) with the columns masked by `offs_d < D` -- not the row block's "
-      "size or a fixed number. Cases with D <= that width pass, which is why only some fail.")
+@mistake("head_dim_tile", MEMORY, "the head-dim tile is narrower than the head dim: the last columns are never stored",
+         "Every row was stored, but only its first columns: the tile's column axis, tl.arange(0, BLOCK_D), "
+         "must cover the whole head dim, so BLOCK_D is D rounded up to a power of two "
+         "(triton.next_power_of_2(D)) with the columns masked by `offs_d < D` -- not the row block's "
+         "size or a fixed number. Cases with D <= that width pass, which is why only some fail.")
 def _head_dim_tile(ctx):
     for r, t in ctx.bad_tensors():
         a = t.actual
@@ -605,11 +635,11 @@ def _head_dim_tile(ctx):
     return None
 
 
-@rule("unwritten", "some output elements were never written",
-      "Outputs start filled with a marked NaN here, and some still hold it: those elements were "
-      "never stored. Check that the grid covers the last, partial block (cdiv, not //), that the "
-      "store's mask is not stricter than `row < S`, and that the launcher writes into the output "
-      "it was given.")
+@mistake("unwritten", MEMORY, "some output elements were never written",
+         "Outputs start filled with a marked NaN here, and some still hold it: those elements were "
+         "never stored. Check that the grid covers the last, partial block (cdiv, not //), that the "
+         "store's mask is not stricter than `row < S`, and that the launcher writes into the output "
+         "it was given.")
 def _unwritten(ctx):
     bad = [(r, t) for r, t in ctx.bad_tensors() if t.unwritten]
     if not bad:
@@ -617,21 +647,13 @@ def _unwritten(ctx):
     r, t = bad[0]
     what = "keys" if t.name in ("dK", "dV") else "rows"
     return (f"{t.unwritten} elements of {t.name} never written in '{r.case.name}' ({what} "
-            f"{_ranges(t.bad_rows())} of 0-{t.row_err.numel() - 1}); {ctx.case_pattern()}")
+            f"{ranges(t.bad_rows())} of 0-{t.row_err.numel() - 1}); {ctx.case_pattern()}")
 
 
-# --------------------------------------------------------------------------------------
-# exact matches with known wrong formulas (fingerprints.py computes them)
-# --------------------------------------------------------------------------------------
-from . import fingerprint_rules  # noqa: E402,F401  (registers them here, in this order)
-
-# then the structure of the outputs: exactly zero, equal to another tensor
-add_structure_rules("output_zero", "equals_output")
 
 # --------------------------------------------------------------------------------------
 # NaN, writes past the end, constant factors
 # --------------------------------------------------------------------------------------
-from . import online_rules  # noqa: E402,F401  (alpha's NaN: here, before the NaN menu)
 
 
 def _nonfinite_rows(a: torch.Tensor) -> list:
@@ -640,10 +662,10 @@ def _nonfinite_rows(a: torch.Tensor) -> list:
     return [int(i) for i in torch.nonzero(bad.any(1)).flatten()]
 
 
-@rule("mask_hides_diagonal", "the causal mask hides the diagonal: row 0 sees no key at all",
-      "NaN in query row 0 only, in the causal cases only: row 0's one visible key is its own "
-      "diagonal, and the mask hid it (j < i, or >=, where j <= i belongs). With every key -inf "
-      "the softmax divides 0 by 0. A query sees its own key.")
+@mistake("mask_hides_diagonal", OUTPUTS, "the causal mask hides the diagonal: row 0 sees no key at all",
+         "NaN in query row 0 only, in the causal cases only: row 0's one visible key is its own "
+         "diagonal, and the mask hid it (j < i, or >=, where j <= i belongs). With every key -inf "
+         "the softmax divides 0 by 0. A query sees its own key.")
 def _mask_hides_diagonal(ctx):
     if not ctx.failing or not all(r.case.causal for r in ctx.failing):
         return None
@@ -655,16 +677,14 @@ def _mask_hides_diagonal(ctx):
     return f"NaN in row 0 only (of O, dQ, LSE or P) in every failing case; {ctx.case_pattern()}"
 
 
-add_structure_rules("mask_plus_inf")
 
 
-from . import formula_rules  # noqa: E402,F401  (one line's slip: after the fingerprints, before the symptoms)
 
 
-@rule("nan", "NaN computed inside your code",
-      "NaN appeared although every element was written and no load reads past the end: "
-      "something like exp(+inf), inf - inf or 0 * inf. A row whose every key is masked with -inf "
-      "(max = -inf, then -inf - (-inf)) is the classic; so is exp applied before the mask.")
+@mistake("nan", NUMBERS, "NaN computed inside your code",
+         "NaN appeared although every element was written and no load reads past the end: "
+         "something like exp(+inf), inf - inf or 0 * inf. A row whose every key is masked with -inf "
+         "(max = -inf, then -inf - (-inf)) is the classic; so is exp applied before the mask.")
 def _nan(ctx):
     bad = [(r, t) for r, t in ctx.bad_tensors() if t.nan_computed]
     if not bad:
@@ -680,10 +700,10 @@ def _nan(ctx):
     return evidence
 
 
-@rule("oob_write", "memory just past the output was written: a store without its mask",
-      "The kernel stored elements beyond the end of the output tensor: the store's mask is missing "
-      "the row (or column) condition, so the padded rows of the last block land in whatever "
-      "follows in memory -- another head's rows, or another tensor.")
+@mistake("oob_write", NUMBERS, "memory just past the output was written: a store without its mask",
+         "The kernel stored elements beyond the end of the output tensor: the store's mask is missing "
+         "the row (or column) condition, so the padded rows of the last block land in whatever "
+         "follows in memory -- another head's rows, or another tensor.")
 def _oob_write(ctx):
     bad = [(r, t) for r, t in ctx.bad_tensors() if t.guard_touched]
     if not bad:
@@ -692,9 +712,9 @@ def _oob_write(ctx):
     return f"'{r.case.name}': {t.guard_touched} elements written after the end of {t.name}"
 
 
-@rule("sign", "the sign is flipped: yours = -reference",
-      "The outputs are the reference times -1: a subtraction the wrong way round. dS = P * (dP - "
-      "delta): dP first, delta subtracted.")
+@mistake("sign", NUMBERS, "the sign is flipped: yours = -reference",
+         "The outputs are the reference times -1: a subtraction the wrong way round. dS = P * (dP - "
+         "delta): dP first, delta subtracted.")
 def _sign(ctx):
     bad = ctx.bad_tensors()
     if bad and all(math.isfinite(t.ratio) and abs(t.ratio + 1) < 2e-2 and t.ratio_resid < 1e-2 for _, t in bad):
@@ -702,10 +722,10 @@ def _sign(ctx):
     return None
 
 
-@rule("scale", "the error is a constant factor tied to the softmax scale",
-      "S = Q K^T * scale, so the chain rule puts one factor `scale` into dQ = dS K * scale and "
-      "dK = dS^T Q * scale -- exactly one, after the matrix product -- and none into dV. A ratio "
-      "of 1/scale means the factor is missing, scale means it is applied twice.")
+@mistake("scale", NUMBERS, "the error is a constant factor tied to the softmax scale",
+         "S = Q K^T * scale, so the chain rule puts one factor `scale` into dQ = dS K * scale and "
+         "dK = dS^T Q * scale -- exactly one, after the matrix product -- and none into dV. A ratio "
+         "of 1/scale means the factor is missing, scale means it is applied twice.")
 def _scale(ctx):
     bad = ctx.bad_tensors()
     if not bad:
@@ -726,8 +746,3 @@ def _scale(ctx):
         return "; ".join(parts) + f"; {ctx.tensor_pattern()}"
     return None
 
-
-# --------------------------------------------------------------------------------------
-# heads, which outputs and which cases are wrong, and last what was seen (case_rules.py)
-# --------------------------------------------------------------------------------------
-from . import case_rules  # noqa: E402,F401  (registers them here, in this order)

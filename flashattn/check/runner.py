@@ -22,9 +22,10 @@ from .. import runtime
 from ..verify import tolerance
 from . import fingerprints, structure, substitutions
 from .battery import GUARDED, guard_bits, make_inputs
-from .diagnose import DtypeError, ShapeError, diagnose
+from .engine import diagnose
+from .errors import DtypeError, ShapeError, Unwritten
 from .origin import describe_origin
-from .results import CaseResult, CheckFailed, CheckResult, Diagnosis, Unwritten, compare
+from .results import CaseResult, CheckFailed, CheckResult, compare
 
 
 # --------------------------------------------------------------------------------------
@@ -281,57 +282,6 @@ def _not_implemented(e: BaseException) -> Optional[str]:
     return None
 
 
-#: an accumulator made by tl.zeros in the inputs' 16-bit type: ``name = tl.zeros(..., dtype=...)``
-_ZEROS = re.compile(r"^\s*(\w+)\s*=\s*tl\.zeros\((.*)\)\s*(?:#.*)?$")
-_HALF_DTYPE = re.compile(r"dtype\s*=\s*(tl\.(?:float16|bfloat16)|\b(?:Q|K|V|DO|DQ|DK|DV|O)\.dtype\.element_ty)")
-
-
-def _launched_kernels(results: list, fn) -> list:
-    """(name, Python function) of the Triton kernels the cases launched -- or, where none got as far
-    as launching (a compile error), those the launcher ``fn`` names (``origin._kernels_used``)."""
-    from .origin import _kernels_used
-
-    found = {id(l.fn): (l.kernel, l.fn) for r in results for l in r.launch_args or [] if l.fn is not None}
-    return list(found.values()) or [(name, k.fn) for name, k in _kernels_used(fn)]
-
-
-def low_precision_accumulators(results: list, fn=None) -> list:
-    """A kernel whose values passed, but whose accumulators (``tl.zeros`` outside the loop) take a
-    16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
-    compile the loop (tl.dot's fp32 result changes the carried variable's type) or, written to
-    compile, sums in half precision. [] unless every case passed (the interpreter) or failed to
-    compile (a GPU), and a launched kernel does it."""
-    import inspect
-
-    from .exception_origins import _chain
-
-    compiled_not = bool(results) and all(r.error is not None and
-                                         any(type(e).__name__ == "CompilationError" for e in _chain(r.error))
-                                         for r in results)
-    if not results or not (all(r.ok for r in results) or compiled_not):
-        return []
-    for kernel, kernel_fn in _launched_kernels(results, fn):
-        try:
-            source = inspect.getsource(kernel_fn)
-        except (OSError, TypeError):
-            continue
-        for line in source.splitlines():
-            m = _ZEROS.match(line)
-            half = _HALF_DTYPE.search(m.group(2)) if m else None
-            if half:
-                return [Diagnosis(
-                    "accumulator_precision", "an accumulator is made in a 16-bit type",
-                    "A sum over many tiles -- dQ, dK, dV, O -- is kept in tl.float32 and cast to the "
-                    "output's type once, at the store. Triton's CPU interpreter computes a 16-bit "
-                    "tl.zeros in fp32 anyway, so the values pass there; on a GPU the loop does not "
-                    "compile (tl.dot returns fp32, which changes the carried variable's type), and "
-                    "summed in fp16 the gradient would lose its low digits. Make it tl.zeros(..., "
-                    "dtype=tl.float32).",
-                    f"`{line.split('#')[0].strip()}` in {kernel}: dtype {half.group(1)}" +
-                    ("; on this GPU the kernel did not compile" if compiled_not else ""))]
-    return []
-
-
 def _compiled_kernel_line(exc: BaseException) -> str:
     """'the kernel's line 56 -> the line' for Triton's compile errors (a GPU compiles the kernel,
     so no frame of the learner's file runs it): the error carries the kernel's source and the
@@ -500,7 +450,7 @@ def _nan_origin(run_case, case, dtype, device, seed, with_do) -> Optional[list]:
     return culprits or None
 
 
-def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: str, dtype, seed: int,
+def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, checker, dtype, seed: int,
                 with_do: bool, raise_on_fail: bool = True, show: bool = True,
                 role: str = "your function", precheck: Optional[Callable] = None,
                 variants: Optional[Callable] = None, make: Callable = make_inputs,
@@ -557,8 +507,8 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                     res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol, expected)
                 if not res.ok:
                     # the class of mistake, whatever the edit: zeros, equalities, factors, swaps
-                    res.structure = structure.facts(case, x, res.tensors, expected, case_tol, kind)
-                    res.fingerprints |= substitutions.matching(case, x, kind, res.tensors, case_tol,
+                    res.structure = structure.facts(case, x, res.tensors, expected, case_tol, checker)
+                    res.fingerprints |= substitutions.matching(case, x, checker, res.tensors, case_tol,
                                                                fingerprints._matches, expected)
                 if any(not t.ok and fingerprints.overcounted(outs[n], expected[n], case_tol)
                        for n, t in res.tensors.items()):
@@ -579,7 +529,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 res.error_where = where(e)
                 res.inputs_modified = res.inputs_modified or inputs_changed(before, handed) or None
                 res.swapped = getattr(e, "pair", None) or res.swapped
-    diagnoses = low_precision_accumulators(results, fn) or diagnose(results, kind, fn)
+    diagnoses = diagnose(results, checker, fn)
     result = CheckResult(title, results, diagnoses, origin, origin_warnings, learners_warnings(caught))
     if show:
         if result.ok:

@@ -26,6 +26,7 @@ import torch
 
 from ..verify import per_head_relative_error
 from .battery import BLOCKS
+from .checkers import AUTOGRAD, BACKWARD, DKDV, DQ
 
 _INPUT_LABELS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "o": "O"}
 
@@ -151,11 +152,11 @@ def _head_sets(case, x, name: str, actual: torch.Tensor, tol: float):
     return out
 
 
-def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict:
+def facts(case, x, tensors: dict, expected: dict, tol: float, checker) -> dict:
     """output name -> {fact: value} for every wrong output of one case (see the module doc)."""
     out = {}
     inputs = {n: getattr(x, n, None) for n in _INPUT_LABELS}
-    backward = kind in ("backward", "dq", "autograd") and getattr(x, "ref", None) is not None \
+    backward = checker in (BACKWARD, DQ, AUTOGRAD) and getattr(x, "ref", None) is not None \
         and getattr(x.ref, "dS", None) is not None
     for name, t in tensors.items():
         if t.ok or t.actual is None:
@@ -199,7 +200,7 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
                 f["kv_heads"] = m
             elif any(v is not None for v in m.values()):
                 f["kv_heads_partial"] = m       # some heads read a K/V head that does not exist
-        if backward or kind == "dkdv":
+        if backward or checker is DKDV:
             if name in ("dK", "dV") and case.heads_kv != case.H and getattr(x.ref, "dS", None) is not None:
                 g = _group_subsets(case, x, name, a, tol)
                 if all(v is not None for v in g.values()):
@@ -211,7 +212,3 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
         if f:
             out[name] = f
     return out
-
-
-def right_kv_head(case, h: int) -> int:
-    return h // (case.H // case.heads_kv)

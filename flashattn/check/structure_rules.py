@@ -3,9 +3,9 @@ edit made them wrong: an output never stored, exactly zero, equal to another ten
 multiple of the right one, right only in its first block, reading another K/V head; NaN only
 under the causal mask (+inf scores); a grid sized by the other length.
 
-These rules name a class of mistake, so they must not take a case from a rule that names the
-mistake itself: each is registered by :mod:`flashattn.check.rules` (``add(id)``) at the place in
-the order where everything more specific has been tried.
+These mistakes name a class of mistake, so they must not take a case from one that names the
+mistake itself: each sits in the checkers' order (checkers.py) where everything more specific
+has been tried.
 """
 from __future__ import annotations
 
@@ -14,24 +14,8 @@ import math
 import torch
 
 from .battery import BLOCKS
-from .diagnose import _ranges, rule
-
-_DEFS: dict = {}
-
-
-def _structure(id: str, title: str, idea: str, kinds=None):
-    def keep(test):
-        _DEFS[id] = (title, idea, test, kinds)
-        return test
-    return keep
-
-
-def add(*ids: str) -> None:
-    """Register these structure rules here, in this order (rules.py calls it where they belong)."""
-    for id in ids:
-        title, idea, test, kinds = _DEFS[id]
-        rule(id, title, idea, kinds=kinds)(test)
-
+from .engine import FALLBACK, MEMORY, NUMBERS, OUTPUTS, PINNED, mistake
+from .evidence import ranges
 
 def _facts(r, name: str) -> dict:
     return r.structure.get(name, {})
@@ -44,12 +28,12 @@ def _heads_text(case, idx) -> str:
 # --------------------------------------------------------------------------------------
 # memory: an output never stored at all
 # --------------------------------------------------------------------------------------
-@_structure("never_stored", "an output is never written at all: its store is missing or goes elsewhere",
-            "Not one element of this output was written, in any case: the kernel has no store for it, "
-            "or the store goes through another output's pointer (DV where DK belongs: the other output "
-            "then keeps whichever store came last), or the launcher writes into a tensor of its own "
-            "instead of the one it was given. Each output is stored once, through its own pointer with "
-            "its own strides.")
+@mistake("never_stored", MEMORY, "an output is never written at all: its store is missing or goes elsewhere",
+         "Not one element of this output was written, in any case: the kernel has no store for it, "
+         "or the store goes through another output's pointer (DV where DK belongs: the other output "
+         "then keeps whichever store came last), or the launcher writes into a tensor of its own "
+         "instead of the one it was given. Each output is stored once, through its own pointer with "
+         "its own strides.")
 def _never_stored(ctx):
     names = [n for n in ctx.names
              if all(r.tensors[n].actual is not None and r.tensors[n].unwritten == r.tensors[n].actual.numel()
@@ -66,11 +50,11 @@ def _never_stored(ctx):
 # --------------------------------------------------------------------------------------
 # the head index
 # --------------------------------------------------------------------------------------
-@_structure("kv_head", "query heads read the wrong K/V head: the K/V head index is wrong",
-            "Query head h belongs to K/V head h // GROUP_SIZE (GROUP_SIZE = H / H_kv; without GQA, "
-            "the same h): K, V (and in a dK/dV program, dK and dV) are offset with that head, Q, dO, LSE, "
-            "delta and dQ with h. Your dQ of each query head equals what another K/V head gives "
-            "(the map is in the evidence).", kinds=("backward", "dq", "autograd"))
+@mistake("kv_head", PINNED, "query heads read the wrong K/V head: the K/V head index is wrong",
+         "Query head h belongs to K/V head h // GROUP_SIZE (GROUP_SIZE = H / H_kv; without GQA, "
+         "the same h): K, V (and in a dK/dV program, dK and dV) are offset with that head, Q, dO, LSE, "
+         "delta and dQ with h. Your dQ of each query head equals what another K/V head gives "
+         "(the map is in the evidence).")
 def _kv_head(ctx):
     hits, others = [], []
     for r in ctx.failing:
@@ -114,11 +98,11 @@ def _reads_past_kv(r) -> bool:
 # --------------------------------------------------------------------------------------
 # a grid (or loop) sized by the other length
 # --------------------------------------------------------------------------------------
-@_structure("grid_length", "the grid (or a loop) is sized by the other length: the last blocks get no program",
-            "A dK/dV program owns a block of keys: the grid's first axis is cdiv(S_k, BLOCK_N). A dQ "
-            "program owns a block of query rows: cdiv(S_q, BLOCK_M). Sized by the other length, the "
-            "blocks past it are never visited where that length is the smaller (and the extra programs "
-            "are masked off where it is the larger, which is why those cases pass).")
+@mistake("grid_length", MEMORY, "the grid (or a loop) is sized by the other length: the last blocks get no program",
+         "A dK/dV program owns a block of keys: the grid's first axis is cdiv(S_k, BLOCK_N). A dQ "
+         "program owns a block of query rows: cdiv(S_q, BLOCK_M). Sized by the other length, the "
+         "blocks past it are never visited where that length is the smaller (and the extra programs "
+         "are masked off where it is the larger, which is why those cases pass).")
 def _grid_length(ctx):
     if not ctx.failing:
         return None
@@ -141,7 +125,7 @@ def _grid_length(ctx):
             return None
     r, t, b, length = seen
     what = "keys" if t.name in ("dK", "dV") else "rows"
-    return (f"in '{r.case.name}' (S_q={r.case.S_q}, S_k={r.case.S_k}) {what} {_ranges(t.bad_rows())} of {t.name} never "
+    return (f"in '{r.case.name}' (S_q={r.case.S_q}, S_k={r.case.S_k}) {what} {ranges(t.bad_rows())} of {t.name} never "
             f"written: everything from cdiv({length}, {b}) * {b} on -- a grid of cdiv({length}, {b}) blocks; "
             f"{ctx.case_pattern()}")
 
@@ -165,13 +149,13 @@ def _zero_like(r, t) -> str:
     return ""
 
 
-@_structure("output_zero", "an output is exactly zero: nothing was accumulated into it",
-            "Exactly 0 is what an accumulator holds when nothing was ever added to it: a loop that runs "
-            "no iteration (a bound of 0, range(GROUP_SIZE - 1) when GROUP_SIZE is 1, a start past the "
-            "end), `acc + x` computed but never assigned, the accumulator stored before the loop, or "
-            "another (zeroed) variable stored. Zero in some heads only: those heads' loop or grid never "
-            "reaches them. Under GQA a sum over only part of each group is the same mistake in the loop "
-            "over the group.")
+@mistake("output_zero", OUTPUTS, "an output is exactly zero: nothing was accumulated into it",
+         "Exactly 0 is what an accumulator holds when nothing was ever added to it: a loop that runs "
+         "no iteration (a bound of 0, range(GROUP_SIZE - 1) when GROUP_SIZE is 1, a start past the "
+         "end), `acc + x` computed but never assigned, the accumulator stored before the loop, or "
+         "another (zeroed) variable stored. Zero in some heads only: those heads' loop or grid never "
+         "reaches them. Under GQA a sum over only part of each group is the same mistake in the loop "
+         "over the group.")
 def _output_zero(ctx):
     if not ctx.failing:
         return None
@@ -195,11 +179,11 @@ def _output_zero(ctx):
     return f"{'; '.join(parts)}; {ctx.tensor_pattern()}"
 
 
-@_structure("equals_output", "an output equals another tensor: a variable or pointer is mixed up",
-            "This output holds, to rounding, the values of another tensor (named in the evidence): "
-            "the wrong variable returned or stored, a store through another output's pointer, an input "
-            "passed through, or a copy made before the value was computed. Each output gets its own "
-            "accumulator, its own pointer and its own strides.")
+@mistake("equals_output", OUTPUTS, "an output equals another tensor: a variable or pointer is mixed up",
+         "This output holds, to rounding, the values of another tensor (named in the evidence): "
+         "the wrong variable returned or stored, a store through another output's pointer, an input "
+         "passed through, or a copy made before the value was computed. Each output gets its own "
+         "accumulator, its own pointer and its own strides.")
 def _equals_output(ctx):
     if not ctx.failing:
         return None
@@ -219,10 +203,10 @@ def _equals_output(ctx):
 # --------------------------------------------------------------------------------------
 # NaN only under the causal mask
 # --------------------------------------------------------------------------------------
-@_structure("mask_plus_inf", "hidden scores are set to +inf: the minus sign of -inf is missing",
-            "Hidden keys must get the score -inf, so that exp gives exactly 0. With +inf, P is inf "
-            "exactly at the hidden keys (and everything computed from it inf or NaN); the cases "
-            "without the mask stay right.", kinds=("rebuild_p",))
+@mistake("mask_plus_inf", OUTPUTS, "hidden scores are set to +inf: the minus sign of -inf is missing",
+         "Hidden keys must get the score -inf, so that exp gives exactly 0. With +inf, P is inf "
+         "exactly at the hidden keys (and everything computed from it inf or NaN); the cases "
+         "without the mask stay right.")
 def _mask_plus_inf(ctx):
     if not ctx.failing or not all(r.case.causal for r in ctx.failing):
         return None
@@ -240,13 +224,13 @@ def _mask_plus_inf(ctx):
 # --------------------------------------------------------------------------------------
 # a constant factor; only the first block right
 # --------------------------------------------------------------------------------------
-@_structure("factor", "the error is a constant factor",
-            "Each wrong output is the right one times one constant (named in the evidence, with the "
-            "quantities it equals). Whole numbers: a contribution added more than once (a block or a "
-            "head visited twice); scale, 1/scale, sqrt(D), 1/D: a factor of the scale applied twice, "
-            "missing, or of the wrong value; GROUP_SIZE: a sum over the group where one head's share "
-            "belongs, or the reverse; S_q or S_k (lesson 07's L): a mean over the rows or keys where "
-            "their sum belongs (.mean() for .sum()), or the reverse.")
+@mistake("factor", NUMBERS, "the error is a constant factor",
+         "Each wrong output is the right one times one constant (named in the evidence, with the "
+         "quantities it equals). Whole numbers: a contribution added more than once (a block or a "
+         "head visited twice); scale, 1/scale, sqrt(D), 1/D: a factor of the scale applied twice, "
+         "missing, or of the wrong value; GROUP_SIZE: a sum over the group where one head's share "
+         "belongs, or the reverse; S_q or S_k (lesson 07's L): a mean over the rows or keys where "
+         "their sum belongs (.mean() for .sum()), or the reverse.")
 def _factor(ctx):
     seen, ratios = [], {}
     for r in ctx.failing:
@@ -280,11 +264,11 @@ def _factor(ctx):
     return evidence
 
 
-@_structure("first_block_only", "only the first block of rows (keys) is right",
-            "Every wrong output is right in its first block of rows (of keys, for dK and dV) and wrong "
-            "after it: the later blocks are reached with the wrong offsets (the block's start from the "
-            "program id or the loop variable, times the block size, times the row stride), or are not "
-            "visited, or receive the first block's values.")
+@mistake("first_block_only", FALLBACK, "only the first block of rows (keys) is right",
+         "Every wrong output is right in its first block of rows (of keys, for dK and dV) and wrong "
+         "after it: the later blocks are reached with the wrong offsets (the block's start from the "
+         "program id or the loop variable, times the block size, times the row stride), or are not "
+         "visited, or receive the first block's values.")
 def _first_block_only(ctx):
     seen = []
     for r in ctx.failing:
@@ -300,7 +284,7 @@ def _first_block_only(ctx):
         return None
     r, t, b = seen[0]
     what = "keys" if t.name in ("dK", "dV") else "rows"
-    return (f"in '{r.case.name}' {t.name}: {what} 0-{b - 1} right, wrong {what} {_ranges(t.bad_rows())}; "
+    return (f"in '{r.case.name}' {t.name}: {what} 0-{b - 1} right, wrong {what} {ranges(t.bad_rows())}; "
             f"{ctx.case_pattern()}")
 
 

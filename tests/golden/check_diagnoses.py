@@ -126,6 +126,11 @@ _VARIANTS: dict = {}
 
 def first_diagnosis(key: str) -> str:
     """Run the mistake ``key`` as the tests run it; its first diagnosis (``PASS``, ``ERROR``)."""
+    return diagnosis(key)[0]
+
+
+def diagnosis(key: str) -> tuple:
+    """(first diagnosis, the diagnosis text the learner reads) of the mistake ``key``."""
     _paths()
     import torch
 
@@ -138,32 +143,36 @@ def first_diagnosis(key: str) -> str:
     try:
         with runtime.poisoned_outputs():
             result = run()
-    except Exception:             # noqa: BLE001 -- an edit that no longer applies
-        return "ERROR"
-    return (result.hint_ids or ["PASS"])[0]
+    except Exception as e:        # noqa: BLE001 -- an edit that no longer applies
+        return "ERROR", f"{type(e).__name__}: {e}"
+    return (result.hint_ids or ["PASS"])[0], result.summary() + "\n" + result.diagnosis()
 
 
-def _firsts(keys: list, workers: int) -> dict:
+def _diagnoses(keys: list, workers: int) -> dict:
     if workers <= 1:
         found = {}
         for n, key in enumerate(keys, 1):
             t0 = time.time()
-            found[key] = first_diagnosis(key)
-            print(f"{n:4d}/{len(keys)} {key:70s} {found[key]:28s} {time.time() - t0:5.1f}s", flush=True)
+            found[key] = diagnosis(key)
+            print(f"{n:4d}/{len(keys)} {key:70s} {found[key][0]:28s} {time.time() - t0:5.1f}s", flush=True)
         return found
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
-        found = dict(zip(keys, pool.map(first_diagnosis, keys, chunksize=4)))
+        found = dict(zip(keys, pool.map(diagnosis, keys, chunksize=4)))
     return found
 
 
-def compute(workers: int = 1, only: str = "") -> dict:
+def compute(workers: int = 1, only: str = "", texts: str = "") -> dict:
+    """The record; ``texts``: also write every diagnosis's full text there (JSON, key -> text)."""
     _paths()
     os.environ.setdefault("TRITON_INTERPRET", "1")
     keys = sorted(k for k in variants() if k.startswith(only))
-    return {"orders": orders(), "first": _firsts(keys, workers)}
+    found = _diagnoses(keys, workers)
+    if texts:
+        Path(texts).write_text(json.dumps({k: v[1] for k, v in found.items()}, indent=1, sort_keys=True) + "\n")
+    return {"orders": orders(), "first": {k: v[0] for k, v in found.items()}}
 
 
 def differences(old: dict, new: dict) -> list:
@@ -183,9 +192,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="processes (each imports flashattn once)")
     ap.add_argument("--only", default="", help="only the keys starting with this (with --check)")
     ap.add_argument("--check", action="store_true", help="compare with the record, write nothing")
+    ap.add_argument("--texts", default="", help="also write every diagnosis's full text to this JSON file "
+                    "(not part of the record: compare two such files to see a move change no word)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    new = compute(args.workers, args.only)
+    new = compute(args.workers, args.only, args.texts)
     old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"orders": {}, "first": {}}
     if args.only:
         old = {"orders": old["orders"], "first": {k: v for k, v in old["first"].items() if k.startswith(args.only)}}
