@@ -732,7 +732,7 @@ def test_kv_head_is_never_claimed_for_the_right_head_map():
     that map is the right one, the heads are not what is wrong."""
     from flashattn.check.checkers import BACKWARD
     from flashattn.check.evidence import Evidence
-    from flashattn.check.structure_rules import _kv_head
+    from flashattn.check.mistakes.pinned import _kv_head
     r = run_checker(check.attention_backward, _backward_low_precision(lambda S: torch.softmax(S.half(), -1).float()))
     for c in r.results:       # the facts as a precision loss can give them: the right map
         if not c.ok:

@@ -12,7 +12,8 @@ A pass prints one line. A failure prints the diagnosis -- the mistake the patter
 points at, with the evidence (which outputs, which cases, what factor, which rows) -- and the
 table of cases, and raises ``AssertionError`` (``raise_on_fail=False`` returns the
 :class:`CheckResult` instead: ``.report()``, ``.table()``, ``.plot()`` for the details).
-The diagnoses and how they are chosen: :mod:`flashattn.check.diagnose`.
+The mistakes it can name, and the order each checker tries them in: :mod:`flashattn.check.checkers`
+(``python -m flashattn.check --list dq_kernel``); how a run becomes a diagnosis: :mod:`flashattn.check.engine`.
 
 The checkers and what they call
 -------------------------------
@@ -44,8 +45,7 @@ import torch
 from .. import runtime
 from .battery import (AUTOGRAD_BATTERY, AUTOGRAD_FLOAT32_CASE, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY,
                       GQA_CASES, KERNEL_BATTERY, Case, Output)
-from . import (beyond_rules, call_slips, case_rules, code_rules, fingerprint_rules, formula_rules, head_rules,  # noqa: F401
-               launch_rules, line_slips, online_rules, rules, structure_rules)  # (they register the mistakes; the order is checkers.py's)
+from . import mistakes  # noqa: F401  (registers every mistake; the order is checkers.py's)
 from .checkers import AUTOGRAD, BACKWARD, DKDV, DQ, EVERY, ONLINE, REBUILD_P, STAGES
 from .engine import MISTAKES, verify
 from .errors import CtxTensors, NoBackwardKernel, NoGradient, ShapeError
@@ -54,7 +54,8 @@ from .beyond import beyond_backward, window_mask
 from .lazy import lazy_backward
 from .origin import describe_origin
 from .results import CheckFailed, CheckResult, Diagnosis
-from .runner import count_triton_launches, kernel_not_written, launched, run_battery
+from .instruments import count_triton_launches, launched
+from .runner import kernel_not_written, run_battery
 
 verify(STAGES)      # every mistake registered has a place in the order, and every place a mistake
 

@@ -104,6 +104,11 @@ class Case:
         return out
 
 
+def aligned(case) -> bool:
+    """Every length a multiple of the largest block: no load needs a mask."""
+    return case.S_q % BLOCKS[-1] == 0 and case.S_k % BLOCKS[-1] == 0
+
+
 def padded_head_dim(D: int) -> bool:
     """Whether a kernel pads head dim D (to a power of two, at least 16): the head-dim mask matters."""
     return D < runtime.head_dim_block(D)

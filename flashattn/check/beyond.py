@@ -13,7 +13,7 @@ The cases mix one sequence and several, S_q != S_k, windows with rows that see n
 dropout 0, 0.2 and 0.5. Outputs are compared per (sequence, head): they are unpacked into
 ``[sequences, H, longest, D]``, zero-padded, so "batch element b" in a table is sequence b.
 The classic mistakes of the lesson are fingerprinted (:func:`_variants`); the diagnoses are
-in :mod:`flashattn.check.beyond_rules`.
+in :mod:`flashattn.check.mistakes.lesson09`.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .battery import BLOCKS, Case, padded_head_dim
+from .battery import BLOCKS, Case, aligned, padded_head_dim
 from .origin import learner_sources
 from .source import first_line
 
@@ -290,3 +290,31 @@ def ranges(idx, limit: int = 6) -> str:
             start = prev = i
     text = ", ".join(out[:limit])
     return text + (", ..." if len(out) > limit else "")
+
+
+#: the lessons' names of the inputs a kernel is handed
+INPUT_NAMES = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta"}
+
+
+def facts(r, name: str) -> dict:
+    """The structural facts (:mod:`flashattn.check.structure`) of output ``name`` in case result ``r``."""
+    return r.structure.get(name, {})
+
+
+def heads_text(case, idx) -> str:
+    """'(0,1), (1,0), ...': the (batch, head) pairs of flat head indices ``idx``."""
+    return ", ".join(f"({i // case.H},{i % case.H})" for i in idx[:8]) + (", ..." if len(idx) > 8 else "")
+
+
+def displaced_stores(ctx):
+    """A GPU fences nothing off, but the guard past an output shows stores that landed there: with
+    contiguous inputs and block-multiple lengths, unwritten elements beside elements written past
+    the end mean the store's address itself is wrong. The evidence, or None."""
+    shifted = [(r, t) for r, t in ctx.bad_tensors()
+               if r.case.contiguous and aligned(r.case) and t.unwritten and t.guard_touched]
+    if not shifted:
+        return None
+    r, t = shifted[0]
+    return (f"'{r.case.name}' (contiguous inputs, lengths multiples of {BLOCKS[-1]}): {t.unwritten} "
+            f"elements of {t.name} never written and {t.guard_touched} written past its end -- its stores "
+            f"went to other addresses; {ctx.case_pattern()}")

@@ -103,7 +103,7 @@ class CaseResult:
     nan_from: Optional[list] = None                  # inputs whose guard, read, put NaN in outputs
     swapped: Optional[tuple] = None                  # (got, wanted) names of outputs in wrong order
     launches: Optional[int] = None                   # kernels the launcher started (kernel checkers)
-    launch_args: Optional[list] = None               # runner.Launch per Triton launch (kernel checkers)
+    launch_args: Optional[list] = None               # instruments.Launch per Triton launch (kernel checkers)
     oob_reads: Optional[list] = None                 # inputs whose guard memory a load returned
     wild: Optional[dict] = None                      # loads/stores outside every tensor, dropped
     structure: dict = field(default_factory=dict)    # output -> structural facts (structure.py)

@@ -12,7 +12,10 @@ import inspect
 import re
 import textwrap
 
-from .origin import _unwrap
+from .origin import unwrap
+
+#: a line that switches between two forms (a test's planted function, ``a if bug else b``): no slip
+SWITCH = re.compile(r"\bif\b.*\belse\b")
 
 
 def call_args(text: str, start: int) -> tuple:
@@ -85,7 +88,7 @@ def line_of(src: str, needle: str) -> str:
 
 
 def forward_params(ctx, cls_name: str):
-    glb = getattr(_unwrap(ctx.subject), "__globals__", {})
+    glb = getattr(unwrap(ctx.subject), "__globals__", {})
     cls = glb.get(cls_name)
     forward = getattr(cls, "forward", None)
     try:

@@ -14,8 +14,8 @@ whole classes of mistakes instead, so an edit nobody listed still gets named by 
 * ``kv_heads``: (dQ) each query head's values are those of another K/V head -- the head index;
 * ``group``: (dK, dV under GQA) the sum over only some query heads of each group.
 
-:func:`facts` measures them for one failing case; ``structure_rules.py`` turns them into
-diagnoses.
+:func:`facts` measures them for one failing case; mistakes of :mod:`flashattn.check.mistakes`
+(``pinned``, ``memory``, ``outputs``, ``numbers``, ``fallback``) read them.
 """
 from __future__ import annotations
 
@@ -212,3 +212,22 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, checker) -> dict:
         if f:
             out[name] = f
     return out
+
+
+def head_sets_idea(case, name: str, sets: dict) -> str:
+    """The query heads each K/V head's ``name`` added up, against its group, and the formula
+    that fits."""
+    Hk, G = case.heads_kv, case.H // case.heads_kv
+    got = [sets[(0, hk)] for hk in range(Hk)]
+    right = [tuple(hk * G + g for g in range(G)) for hk in range(Hk)]
+    formulas = [(text, f) for text, f in (("g * H_kv + h_kv", lambda hk, g: g * Hk + hk),
+                                          ("g * GROUP_SIZE + h_kv", lambda hk, g: g * G + hk),
+                                          ("h_kv + g", lambda hk, g: hk + g),
+                                          ("h_kv for every g (the K/V head's own index)", lambda hk, g: hk))
+                if all(tuple(sorted(f(hk, g) for g in range(G))) == got[hk] for hk in range(Hk))]
+    fits = f" That is the map h = {' (or here, the same) '.join(t for t, _ in formulas)}." if formulas else ""
+    show = lambda ss: ", ".join(f"K/V head {hk}: query heads {list(s)}" for hk, s in enumerate(ss))  # noqa: E731
+    return (f"Your {name} of each K/V head is the sum over another set of query heads ({show(got)}; "
+            f"in '{case.name}', batch 0) than its group ({show(right)}).{fits} The group of K/V head "
+            f"h_kv is the GROUP_SIZE consecutive query heads h = h_kv * GROUP_SIZE + g, g = 0 ... "
+            f"GROUP_SIZE - 1, the inverse of h_kv = h // GROUP_SIZE.")

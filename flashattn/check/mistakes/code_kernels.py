@@ -1,50 +1,22 @@
-"""Diagnoses that read the learner's code, for mistakes whose outputs look like many others.
-
-Some slips leave a trace in the source that no output pattern can pin: ``apply`` called with
-two arguments in another order than ``forward`` takes them; a loop that counts blocks
-(``tl.cdiv(S_q, BLOCK_M)``) but steps by rows (``BLOCK_M``); the dK/dV kernel's scores tile
-built as S = Q K^T while the rest of the kernel works on S^T. Each fires only when the
-checker also saw outputs fail, and names the line; they come before ``exception`` in every
-order (:mod:`flashattn.check.checkers`). ``ctx.sources`` holds the learner's function, the kernels
-it launches and the autograd classes it calls (:func:`flashattn.check.origin.learner_sources`).
+"""Stage "a line of the code": Triton kernel lines of exercises 03 and 04 -- a loop that counts
+blocks but steps by rows, the scores tile built the other way round, an offset times the other
+axis' stride, an address with another tensor's stride or head, ``<=`` in a mask, masks joined with
+``|``, ``other=-inf`` on an operand, ``acc += tl.dot(..., acc=acc)``, ``tl.atomic_add`` for a
+store, a kernel called like a function, ``tl.arange`` over a runtime size, an early return. Each
+quotes the line (or the launch's call).
 """
 from __future__ import annotations
 
+import ast
 import re
+import textwrap
 
-from .engine import CODE, mistake
-from .evidence import quoted_line
-from .source import calls, first_found, first_line, forward_params, line_of, unused_assignments
-from .checkers import DKDV, DQ
-
-
-# --------------------------------------------------------------------------------------
-# autograd: apply's arguments against forward's parameters
-# --------------------------------------------------------------------------------------
+from ..checkers import DKDV, DQ
+from ..engine import CODE, mistake
+from ..evidence import quoted_line
+from ..source import SWITCH, calls, first_found, first_line, line_of
 
 
-@mistake("apply_order", CODE, "apply passes its arguments in another order than forward takes them",
-         "Function.apply(...) hands its arguments to forward(ctx, ...) by position, after ctx: "
-         "the call must list them in forward's order. Two swapped (causal and scale) reach forward "
-         "under each other's names.")
-def _apply_order(ctx):
-    for src in ctx.sources:
-        for text, args in calls(src, r"(\w+)\.apply"):
-            cls_name = text.split(".apply")[0].split()[-1]
-            params = forward_params(ctx, cls_name)
-            names = [a.split("=")[-1].strip() for a in args]
-            if not params or len(names) != len(params) or any("=" in a for a in args) or \
-                    sorted(names) != sorted(params) or names == params:
-                continue
-            moved = [f"{n} where forward takes {p}" for n, p in zip(names, params) if n != p]
-            return (f"`{line_of(src, text.splitlines()[0])}` passes {', '.join(moved)} "
-                    f"(forward(ctx, {', '.join(params)})); {len(ctx.failing)} of {len(ctx.results)} cases fail")
-    return None
-
-
-# --------------------------------------------------------------------------------------
-# kernels: a loop that counts blocks but steps by rows; the scores tile's orientation
-# --------------------------------------------------------------------------------------
 def _loop_mixing_units(src: str):
     """The text of a ``range(start, stop, BLOCK)`` whose stop counts blocks (tl.cdiv(...) or
     ... // BLOCK) while its step is a block of rows."""
@@ -103,9 +75,6 @@ def _scores_orientation(ctx):
     return f"`{line}` builds {built}, but the kernel reads the LSE as {lse}, which belongs to {wanted}; {ctx.tensor_pattern()}"
 
 
-# --------------------------------------------------------------------------------------
-# an offset vector multiplied by the stride of the other axis
-# --------------------------------------------------------------------------------------
 _OFFSET_TIMES_STRIDE = re.compile(r"\b(\w+)\s*\[[^\]]*\]\s*\*\s*(stride\w*)")
 
 
@@ -147,16 +116,25 @@ def _stride_axes(ctx):
     return f"{shown} pairs a row offset with a head-dim stride (or the reverse); {ctx.tensor_pattern()}"
 
 
-# --------------------------------------------------------------------------------------
-# an address built with another tensor's stride, or another tensor's head
-# --------------------------------------------------------------------------------------
 _BASE = re.compile(r"^\s*(\w+?)_base\s*=\s*(\w+)\s*\+")
+
+
 _LOAD = re.compile(r"tl\.(?:load|store)\(\s*(\w+?)(?:_base|_ptrs?)?\s*\+")
+
+
 _TERM = re.compile(r"(\w+)(?:\.to\(\s*tl\.int64\s*\))?\s*\*\s*stride_([a-z]+)_([bhsd])\b")
+
+
 _INDEX_AXIS = {"b": "b", "batch": "b", "h": "h", "h_kv": "h", "head": "h", "offs_m": "s", "offs_n": "s",
                "offs_d": "d"}
+
+
 _AXIS_NAME = {"b": "batch", "h": "head", "s": "sequence", "d": "head-dim"}
+
+
 _QUERY_SIDE = {"q", "do", "lse", "delta", "dq", "o"}
+
+
 _KV_SIDE = {"k", "v", "dk", "dv"}
 
 
@@ -236,42 +214,6 @@ def _address_terms(ctx):
     return f"{shown}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
 
 
-# --------------------------------------------------------------------------------------
-# a value computed and thrown away
-# --------------------------------------------------------------------------------------
-
-
-@mistake("discarded_value", CODE, "a line computes a value that nothing uses",
-         "An expression on a line of its own changes nothing: `mask & cond` or `S.masked_fill(...)` "
-         "return a new value, which must be assigned (mask = mask & cond, S = S.masked_fill(...)) -- "
-         "and used: a tensor masked after what depends on it was computed (P built from S, then S "
-         "masked) leaves that result unmasked. Only the methods ending in _ (masked_fill_, mul_) "
-         "change a tensor in place.")
-def _discarded_value(ctx):
-    lines = unused_assignments(ctx)
-    if not lines:
-        return None
-    evidence = f"the value of `{lines[0]}` is never used afterwards; {ctx.tensor_pattern()}"
-    name = re.match(r"\s*(\w+)\s*=(?!=)", lines[0])
-    pointer = name and re.fullmatch(r"(\w+?)_(?:base|ptrs?)", name.group(1))
-    if pointer:   # delta_base unused, delta loaded through another tensor's pointer (a copied line)
-        what = pointer.group(1)
-        load = first_line(ctx, lambda c: re.match(rf"{what}\w*\s*=\s*tl\.load\(", c) and name.group(1) not in c)
-        if load:
-            return (f"{evidence}; `{load}` loads {what} through another tensor's pointer",
-                    f"`{name.group(1)}` is made and never read, and {what} is loaded from another tensor's "
-                    f"pointer and strides -- a line copied from the one above and not fully edited. Load "
-                    f"{what} through `{name.group(1)}` with its own strides.")
-    if name:      # a name computed, then left out: the formula it belongs in runs without it
-        return (evidence, f"`{name.group(1)}` is computed and then never read: the formula it was made for "
-                          f"runs without it. Find the line whose math has that term (the wrong outputs say which "
-                          f"step) and put `{name.group(1)}` back into it.")
-    return evidence
-
-
-# --------------------------------------------------------------------------------------
-# a bound with <= where < belongs
-# --------------------------------------------------------------------------------------
 _INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S_q|S_k|HEAD_DIM|S|D)\b")
 
 
@@ -281,52 +223,156 @@ mistake("bound_inclusive", CODE, "a mask compares with <= the length: index S is
         test=quoted_line(_INCLUSIVE.search, show=("case", "tensors")))
 
 
-# --------------------------------------------------------------------------------------
-# a sequence length read from the head-dim axis
-# --------------------------------------------------------------------------------------
-_LENGTH_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(S_q|S_k|S|N|L|M|seq_?len\w*|n_?keys|n_?queries|len_\w+)\s*=\s*"
-                            r"((?:q|k|v|o|do|dq|dk|dv|query|key|value)(?:_\w+)?)\."
-                            r"(?:shape\s*\[\s*-1\s*\]|size\(\s*-1\s*\))\s*$")
+_CONTIGUOUS = re.compile(r"tl\.(?:load|store)\(\s*\w+\s*\+\s*\w+\[[^\]]*\]\s*\*\s*(?:HEAD_DIM|BLOCK_D|D)\b")
 
 
-mistake("length_from_head_dim", CODE, "a sequence length is read from the last axis, the head dim",
-        "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
-        "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
-        "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
-        test=quoted_line(_LENGTH_FROM_D.search))
+mistake("contiguous_assumed", CODE, "a tile is addressed as if its tensor were contiguous",
+        "A row's address is row * stride_s + column * stride_d, with the tensor's own strides: a row "
+        "is HEAD_DIM elements long only when the tensor is contiguous and unpadded. A transposed "
+        "[B, S, H, D] view or a padded head dim has other strides, and offs * HEAD_DIM reads other rows.",
+        test=quoted_line(lambda c: _CONTIGUOUS.search(c) and "stride" not in c))
 
 
-# --------------------------------------------------------------------------------------
-# a division by an index that starts at 0
-# --------------------------------------------------------------------------------------
-# torch.arange(0, ...), or arange(n) / arange(n, device=...) with one positional argument
-_ARANGE = re.compile(r"\b(\w+)\s*=\s*torch\.arange\(\s*(?:0\s*,|[^,()=]+(?:\([^()]*\))?\s*(?:\)|,\s*\w+\s*=))")
+_FLAT_PROGRAM = re.compile(r"\bpid_bh(?:\.to\(tl\.int64\))?\s*\*\s*stride_\w*_h\b")
 
 
-def _zero_divisions(src: str) -> list:
-    """[line] dividing by an index from torch.arange that starts at 0 (``x / i``, ``x / i[:, None]``,
-    not ``x / (i + 1)``)."""
-    out = []
-    for name in dict.fromkeys(m.group(1) for m in _ARANGE.finditer(src)):
-        divide = re.compile(rf"/\s*(?:\(\s*)?{name}\b(?:\[[^\]]*\])?(?!\s*[-+*/\w.(\[])")
-        out += [line.split("#")[0].strip() for line in src.splitlines()
-                if divide.search(line.split("#")[0]) and not line.strip().startswith("#")]
-    return out
+mistake("flat_batch_head", CODE, "a (batch, head) program id times the head stride alone",
+        "pid_bh * stride_h reaches the right (batch, head) only when stride_b = H * stride_h, a "
+        "contiguous [B, H, S, D] tensor. Split the id, b = pid_bh // H and h = pid_bh % H, and offset "
+        "b * stride_b + h * stride_h: a transposed or padded tensor has other strides.",
+        test=quoted_line(_FLAT_PROGRAM.search))
 
 
-@mistake("divide_by_index", CODE, "a division by a position that starts at 0",
-         "torch.arange(L) starts at 0: dividing by it gives inf (or 0 / 0 = NaN) in row 0 and "
-         "divides every other row by one less than meant. The lesson's 1 / (i + 1) counts the keys "
-         "row i sees (0 ... i): divide by i + 1.")
-def _divide_by_index(ctx):
-    if not ctx.failing:        # row 0's inf need not reach the outputs (a gate's P + c > 0 holds)
+mistake("cdiv_swapped", CODE, "triton.cdiv's arguments are swapped: cdiv(BLOCK, S) is 1",
+        "triton.cdiv(a, b) is ceil(a / b): the number of blocks is cdiv(S, BLOCK), the length first. "
+        "cdiv(BLOCK, S) is 1 (or 0-1 blocks) whatever the length, so only the first block gets a program.",
+        test=quoted_line(lambda c: re.search(r"cdiv\(\s*BLOCK\w*\s*,", c) is not None))
+
+
+mistake("row_vector_as_column", CODE, "a per-row vector is loaded as a column: [BLOCK_M, 1] before its [:, None]",
+        "The LSE and delta hold one number per query row: load them with the 1-D offsets, "
+        "tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok), a vector [BLOCK_M]. Loaded with "
+        "offs_m[:, None] they are already a column [BLOCK_M, 1], and the lse[:, None] that meets the "
+        "[BLOCK_M, BLOCK_N] tile makes a third axis, which tl.dot refuses.",
+        test=quoted_line(lambda c: re.search(r"^(?:lse|delta|m_i|l_i)\w*\s*=\s*tl\.load\(.*offs_\w+\[:,\s*None\]", c) is not None))
+
+
+mistake("mask_or", CODE, "a load or store mask joins its conditions with | (or): both must hold",
+        "A tile's mask keeps an element where *either* condition holds when the two are joined with |: "
+        "a row past the end with a valid column (or the reverse) is read from outside the tensor. Each "
+        "element needs both: row_ok[:, None] & d_ok[None, :].",
+        test=quoted_line(lambda c: re.search(r"mask\s*=\s*[^,]*\[[^\]]*\]\s*\|\s*[\w.]+\s*\[", c) is not None))
+
+
+mistake("operand_other_inf", CODE, "an operand tile is loaded with other=-inf",
+        "The masked-off elements of a q, k, v or dO tile enter a matrix product, where -inf times 0 "
+        "is NaN, which spreads to every score of the row. Operand tiles take other=0.0 (they then add "
+        "nothing); -inf belongs on the scores, before the softmax, and +inf on the LSE of padded rows.",
+        test=quoted_line(lambda c: re.search(r"other\s*=\s*(?:float\(\s*['\"]-inf|-\s*float\(\s*['\"]inf|-\s*math\.inf)", c)
+             is not None and "lse" not in c.lower()))
+
+
+mistake("tile_transposed_at_load", CODE, "an operand tile is transposed at its load: [BLOCK_D, rows]",
+        "Every tile is loaded a row per position -- q, dO [BLOCK_M, BLOCK_D]; k, v [BLOCK_N, BLOCK_D] -- "
+        "and turned round only inside the product that needs it: S = tl.dot(q, tl.trans(k)), while "
+        "dQ += dS K is tl.dot(ds, k) with k as loaded. A tile transposed at its load is [BLOCK_D, BLOCK_N] "
+        "for every later line, and the products that take it as loaded multiply the wrong axes.",
+        test=quoted_line(lambda c: re.match(
+                 r"(?:q|k|v|do)\s*=\s*(?:tl\.trans\(\s*tl\.load\(|tl\.load\(.*offs_d\[\s*:\s*,\s*None\s*\])", c)
+             is not None))
+
+
+mistake("dot_acc_and_add", CODE, "`x += tl.dot(a, b, acc=x)` adds x twice",
+        "tl.dot(a, b, acc=x) already returns x + a b. Assigned with +=, x is added once more: every step "
+        "doubles what was summed before. Write one of the two: x += tl.dot(a, b) or x = tl.dot(a, b, acc=x).",
+        test=quoted_line(lambda c: (m := re.match(r"(\w+)\s*\+=\s*tl\.dot\(", c)) is not None and
+             re.search(rf"acc\s*=\s*{m.group(1)}\b", c) is not None))
+
+
+@mistake("atomic_add_store", CODE, "an output is written with tl.atomic_add: it adds onto what the output held",
+         "Each program owns its block of rows -- no other program writes them -- so a plain tl.store is "
+         "right. tl.atomic_add adds the tile onto the output's old contents, and the launcher's output "
+         "is made with torch.empty: whatever memory it got comes through. Store it: tl.store(...).")
+def _atomic_add_store(ctx):
+    if any(r.nondeterministic for r in ctx.results):
+        return None                  # results that change from run to run: programs share rows (race says it)
+    line = first_line(ctx, lambda c: "tl.atomic_add(" in c)
+    return f"`{line}`; {ctx.case_pattern()}" if line else None
+
+
+mistake("launch_call_syntax", CODE, "the kernel is called like a function: the grid goes in [ ]",
+        "A @triton.jit kernel is launched as kernel[grid](arguments...): the grid in square brackets, then "
+        "the arguments. kernel(grid) calls the Python function itself, with the grid as its first "
+        "argument.", test=quoted_line(lambda c: re.search(r"\w+\(\s*grid\s*\)\s*\(", c) is not None))
+
+
+mistake("arange_runtime_size", CODE, "tl.arange over a size that is not a power-of-two constexpr",
+        "tl.arange(0, N) needs N to be a tl.constexpr and a power of two: the tile's width BLOCK_D (the "
+        "head dim rounded up), not HEAD_DIM itself. The columns past HEAD_DIM are masked: "
+        "d_ok = offs_d < HEAD_DIM.",
+        test=quoted_line(lambda c: re.search(r"tl\.arange\(\s*0\s*,\s*(?:HEAD_DIM|D|S_q|S_k|head_dim)\s*\)", c) is not None))
+
+
+def _kernel_early_return(src: str):
+    """The ``if ...: return`` of a @triton.jit function (a bare return under a condition)."""
+    try:
+        tree = ast.parse(textwrap.dedent(src))
+    except SyntaxError:
         return None
-    _, lines = first_found(ctx, _zero_divisions)
-    return f"`{lines[0]}`; {ctx.tensor_pattern()}" if lines else None
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and any("jit" in ast.unparse(d) for d in fn.decorator_list):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.If) and any(isinstance(b, ast.Return) and b.value is None for b in node.body):
+                    return f"if {ast.unparse(node.test)}: return"
+    return None
 
 
-# --------------------------------------------------------------------------------------
-# a cast to a fixed low dtype (for low_precision's evidence)
-# --------------------------------------------------------------------------------------
+@mistake("early_return", CODE, "the kernel returns before its store: those rows stay unwritten",
+         "A program that returns early writes nothing, and the launcher's output came from torch.empty: "
+         "whatever memory it got stays there. A block with no work still owns its output rows -- let "
+         "its loop run zero times and store the zeros.")
+def _early_return(ctx):
+    # (a return that skips rows past the end -- a program with nothing to own -- is harmless: only
+    # outputs left holding the checker's poison make it the cause)
+    if not any(t.unwritten for r in ctx.failing for t in r.tensors.values()):
+        return None
+    _, line = first_found(ctx, _kernel_early_return)
+    return f"`{line}`: an early return; {ctx.case_pattern()}; {ctx.tensor_pattern()}" if line else None
 
 
+mistake("dq_keys_from_diagonal", CODE, "the dQ kernel's key loop starts at the query block: the keys before it are skipped",
+        "A query row sees keys 0 ... i (causal) or every key: the dQ kernel's loop starts at key 0 and, "
+        "under causal, ends after the diagonal block. Starting at the query block's own position is the "
+        "dK/dV kernel's loop (queries from the key block on), copied the other way round.",
+        test=quoted_line(lambda c: re.search(r"for\s+\w+\s+in\s+range\(\s*(?:pid_m|start_m|m_start)\b", c) is not None))
+
+
+mistake("loop_stops_before_partial_block", CODE, "the loop stops before the partial last block",
+        "range(0, S - BLOCK + 1, BLOCK) visits only full blocks: the last, partial one (S not a multiple "
+        "of BLOCK) is never visited, and its keys (or rows) never counted. Loop to the end -- range(0, S, "
+        "BLOCK) -- and let the masks take care of the positions past it.",
+        test=quoted_line(lambda c: not SWITCH.search(c) and re.search(r"range\([^,()]+,\s*[\w.]+\s*-\s*(?:BLOCK_\w+|block_\w+)\s*\+\s*1\s*,", c)
+             is not None))
+
+
+mistake("offset_from_length", CODE, "a base pointer is offset by a length, not by the tensor's strides",
+        "pid_bh * S_q places row 0 of head (b, h) as if LSE and delta were one contiguous [B * H, S_q] "
+        "block. The ones handed in may be padded or strided (a slice of a bigger buffer): offset each by "
+        "b * stride_b + h * stride_h, the strides the launcher passes, and step rows by stride_s.",
+        test=quoted_line(lambda c: re.search(r"\w*(?:base|ptrs?)\w*\s*=\s*[A-Z_]+\s*\+\s*[\w.()]+\s*\*\s*(?:S_q|S_k|N_CTX|SEQ\w*)\b",
+             c) is not None))
+
+
+mistake("kernel_mask_bottom_right", CODE, "the causal mask is aligned bottom-right (shifted by S_k - S_q)",
+        "The course's causal mask is aligned top-left: query i sees keys j <= i, whatever S_q and S_k "
+        "(as SDPA's is_causal). Shifting it by S_k - S_q is FlashAttention's bottom-right alignment: the "
+        "same where S_q = S_k, another mask everywhere else.",
+        test=quoted_line(lambda c: not SWITCH.search(c) and re.search(r"offs_\w+", c) is not None and
+             re.search(r"\bS_k\s*-\s*S_q\b|\bS_q\s*-\s*S_k\b", c) is not None))
+
+
+mistake("group_loop_from_one", CODE, "the loop over a group's query heads counts from 1",
+        "The query heads of kv head h_kv are h_kv * GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1: "
+        "range(GROUP_SIZE). range(1, GROUP_SIZE + 1) skips the group's first head and reads the next "
+        "group's first (past the last head for the last group).",
+        test=quoted_line(lambda c: re.search(r"range\(\s*1\s*,\s*\w*(?:GROUP|group)\w*\s*\+\s*1\s*\)", c) is not None))

@@ -1,14 +1,10 @@
-"""Diagnoses that read one line of the learner's code: the scale, the causal comparison, the
-axis delta is summed over, a loop over block numbers or one that never reads its variable, a
-constant handed to ``apply``, a group's query head, a mask along the tile's other axis.
-
-Each fits a slip whose outputs look like several others -- a scale divided where it multiplies
-overflows to NaN like a fully masked row; a causal mask without its diagonal shows as "dK and dQ
-wrong" like a wrong delta -- while the line itself says it. Each fires only when outputs fail, and
-quotes the line. Tried after the exact fingerprints (an output that matches a known wrong formula is stronger
-evidence than a line that looks like one) and before the mistakes that only say where the
-outputs are wrong (NaN, heads, causal cases, blocks): stage "a formula's line" of
-:mod:`flashattn.check.checkers`.
+"""Stage "a formula's line": lines of the formulas whose outputs look like several other
+mistakes -- the scores divided by the scale, the scale on the LSE too, a softmax without dim, a
+causal comparison without the diagonal, delta summed over the wrong axis, block numbers used as
+positions, a constant handed to apply, a loop that never reads its variable, a group's query head
+without the group's size, a mask along the tile's other axis. After the exact matches (an output
+that equals a wrong formula is stronger evidence than a line that looks like one), before the
+mistakes that only say where the outputs are wrong. Each quotes the line.
 """
 from __future__ import annotations
 
@@ -17,22 +13,18 @@ import inspect
 import re
 import textwrap
 
-from .engine import FORMULA_LINE, mistake
-from .evidence import quoted_line
-from .source import calls, code_lines, first_found, forward_params, line_of
-from .origin import _unwrap
-from .checkers import DKDV, DQ
+from ..checkers import DKDV, DQ
+from ..engine import FORMULA_LINE, mistake
+from ..evidence import quoted_line
+from ..origin import unwrap
+from ..source import calls, code_lines, first_found, forward_params, line_of
 
 
+_DIVIDES = re.compile(r"/\s*(?:ctx\.|self\.)?scale\b(?!\s*\*\*)")
 
-# --------------------------------------------------------------------------------------
-# the scale: divided by, or applied to the LSE too
-# --------------------------------------------------------------------------------------
+
 #: a line that builds the scores: assigned to S (s, sT, scores, qk, ...) from a product
 _SCORES = re.compile(r"^\s*(?:s|sT|s_?t|scores?|qk|qkT|logits?)\s*=.*(?:@|tl\.dot\(|matmul\(|einsum\(|bmm\()", re.I)
-_DIVIDES = re.compile(r"/\s*(?:ctx\.|self\.)?scale\b(?!\s*\*\*)")
-_ON_LSE = re.compile(r"-\s*\w*lse\w*(?:\[[^\]]*\])?\s*\)\s*\*\s*(?:ctx\.)?scale\b|"
-                     r"\bscale\s*\*\s*\([^()]*-\s*\w*lse\w*")
 
 
 mistake("scale_divides", FORMULA_LINE, "the scores are divided by the scale",
@@ -42,6 +34,10 @@ mistake("scale_divides", FORMULA_LINE, "the scores are divided by the scale",
         test=quoted_line(lambda c: _DIVIDES.search(c) and _SCORES.search(c), show=("tensors",)))
 
 
+_ON_LSE = re.compile(r"-\s*\w*lse\w*(?:\[[^\]]*\])?\s*\)\s*\*\s*(?:ctx\.)?scale\b|"
+                     r"\bscale\s*\*\s*\([^()]*-\s*\w*lse\w*")
+
+
 mistake("scale_on_lse", FORMULA_LINE, "the scale multiplies the LSE too",
         "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
         "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
@@ -49,9 +45,6 @@ mistake("scale_on_lse", FORMULA_LINE, "the scale multiplies the LSE too",
         test=quoted_line(_ON_LSE.search, show=("tensors",)))
 
 
-# --------------------------------------------------------------------------------------
-# a softmax with no dim: PyTorch's implicit choice
-# --------------------------------------------------------------------------------------
 _SOFTMAX_NO_DIM = re.compile(r"\b(?:functional|F)\.(?:log_)?softmax\(\s*[^,()]*(?:\([^()]*\)[^,()]*)*\)|"
                              r"\bnn\.Softmax\(\s*\)")
 
@@ -63,14 +56,10 @@ mistake("softmax_no_dim", FORMULA_LINE, "softmax is called without dim",
         test=quoted_line(_SOFTMAX_NO_DIM.search, show=("tensors",)))
 
 
-# --------------------------------------------------------------------------------------
-# the causal comparison without the diagonal
-# --------------------------------------------------------------------------------------
-_INDEX = r"(\w+)(\[\s*(?:None\s*,\s*:|:\s*,\s*None)\s*\])?"
-_COMPARE = re.compile(rf"{_INDEX}\s*(<=|>=|<|>)\s*{_INDEX}")
-_KEY_NAMES = re.compile(r"^(offs_n|cols?|j|kj|k_idx|keys?|k_pos|n_idx)$")
 _QUERY_NAMES = re.compile(r"^(offs_m|rows?|i|qi|q_idx|queries|q_pos|m_idx)$")
-_FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
+
+
+_KEY_NAMES = re.compile(r"^(offs_n|cols?|j|kj|k_idx|keys?|k_pos|n_idx)$")
 
 
 def _side(name: str, index) -> str | None:
@@ -81,6 +70,15 @@ def _side(name: str, index) -> str | None:
     if index:     # in an [S_q, S_k] matrix the columns ([None, :]) are the keys
         return "key" if "None" in index.split(",")[0] else "query"
     return None
+
+
+_FLIP = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}
+
+
+_INDEX = r"(\w+)(\[\s*(?:None\s*,\s*:|:\s*,\s*None)\s*\])?"
+
+
+_COMPARE = re.compile(rf"{_INDEX}\s*(<=|>=|<|>)\s*{_INDEX}")
 
 
 def _strict_causal(src: str):
@@ -124,9 +122,6 @@ def _causal_strict(ctx):
     return f"`{line}`: {said}; {ctx.tensor_pattern()}"
 
 
-# --------------------------------------------------------------------------------------
-# delta summed over the wrong axis
-# --------------------------------------------------------------------------------------
 _DELTA_SUM = re.compile(r"^\s*delta\w*\s*=.*\.sum\(\s*(?:dim\s*=\s*)?(-2|0)\s*[,)]|"
                         r"^\s*delta\w*\s*=.*torch\.sum\(.*,\s*(?:dim\s*=\s*)?(-2|0)\s*[,)]")
 
@@ -138,9 +133,6 @@ mistake("delta_axis", FORMULA_LINE, "delta is summed over the wrong axis",
         "the wrong value from every entry.", test=quoted_line(_DELTA_SUM.search, show=("tensors",)))
 
 
-# --------------------------------------------------------------------------------------
-# a loop over block numbers whose number is used as a position
-# --------------------------------------------------------------------------------------
 def _block_numbers_as_positions(src: str):
     """(for line, slice line) of ``for j in range(n_blocks)`` (a count made with // or cdiv)
     whose body slices ``[j:j + block]``: block numbers 0, 1, 2 used as positions."""
@@ -180,9 +172,6 @@ def _block_numbers(ctx):
     return f"`{loop}` with `{sliced}`; {ctx.case_pattern()}"
 
 
-# --------------------------------------------------------------------------------------
-# apply handed a constant where forward takes the caller's argument
-# --------------------------------------------------------------------------------------
 _LITERAL = re.compile(r"^(True|False|None|-?\d+(?:\.\d*)?)$")
 
 
@@ -195,7 +184,7 @@ def _apply_constant(ctx):
     if not ctx.failing:
         return None
     try:
-        wrapper = list(inspect.signature(_unwrap(ctx.subject)).parameters)
+        wrapper = list(inspect.signature(unwrap(ctx.subject)).parameters)
     except (TypeError, ValueError):
         return None
     for src in ctx.sources:
@@ -211,9 +200,6 @@ def _apply_constant(ctx):
     return None
 
 
-# --------------------------------------------------------------------------------------
-# a loop whose variable its body never reads
-# --------------------------------------------------------------------------------------
 def _idle_loops(src: str) -> list:
     """[(for line, variable)] of loops whose body never reads their variable (``for start_n in
     ...`` with offs_n = tl.arange(0, BLOCK_N)): every iteration does the same work."""
@@ -248,9 +234,6 @@ def _loop_variable_unused(ctx):
     return f"`{line}`: the body never reads {var}; {ctx.case_pattern()}; {ctx.tensor_pattern()}"
 
 
-# --------------------------------------------------------------------------------------
-# GQA: the query head of a group without the group's size
-# --------------------------------------------------------------------------------------
 _GROUP_HEAD = re.compile(r"^\s*(\w+)\s*=\s*(?:(\w*kv\w*)\s*\+\s*(\w+)|(\w+)\s*\+\s*(\w*kv\w*))\s*$")
 
 
@@ -261,11 +244,10 @@ mistake("group_head_index", FORMULA_LINE, "the query heads of a group are number
         "to be right.", test=quoted_line(_GROUP_HEAD.match, show=("case", "tensors")))
 
 
-# --------------------------------------------------------------------------------------
-# a tile's mask broadcast along the other axis
-# --------------------------------------------------------------------------------------
-_QUERY_VECTORS = r"(?:row_ok|offs_m|rows?)"
 _KEY_VECTORS = r"(?:col_ok|offs_n|cols?)"
+
+
+_QUERY_VECTORS = r"(?:row_ok|offs_m|rows?)"
 
 
 def _mask_axes(src: str, checker):
@@ -299,7 +281,7 @@ def _mask_axes(src: str, checker):
          "dK/dV kernel's S^T = K Q^T the other way round (col_ok[:, None], row_ok[None, :]). Swapped, "
          "the padded rows are not hidden and real ones are, at the edges only -- so only lengths "
          "that are not block multiples fail.")
-def _mask_axes_rule(ctx):
+def _mask_axes_test(ctx):
     if not ctx.failing:
         return None
     _, found = first_found(ctx, lambda src: _mask_axes(src, ctx.checker))

@@ -1,83 +1,14 @@
-"""The mistakes tried last, after the constant factors (stage "what was seen" of
-:mod:`flashattn.check.checkers`): which heads, which outputs and which cases are wrong, and last
-what was seen."""
+"""Stage "what was seen", tried last: which heads, which outputs and which cases are wrong (only
+the causal ones, only where S_q > S_k, only the ragged lengths, only with a custom scale, ...),
+right only in the first block, everything wrong; and last ``pattern``, the pattern that was seen,
+where nothing more specific fits.
+"""
 from __future__ import annotations
 
-import re
-
-from . import head_rules
-from .checkers import DKDV, DQ, ONLINE, REBUILD_P
-from .engine import FALLBACK, NUMBERS, mistake
-from .evidence import ranges
-from .source import first_line, low_dtype_casts
-from .structure_rules import seen_facts
-
-# a constant factor not tied to the scale alone (2, GROUP_SIZE, sqrt(D), ...)
-
-#: the largest relative error (per head) still read as lost precision, not a wrong formula
-PRECISION_BOUND = 1e-2
-
-
-def _precision_loss(r, t) -> bool:
-    """Output t of case r is right but for rounding: finite, every element written, its worst
-    head within PRECISION_BOUND (and 100x the tolerance), and the error spread over the rows --
-    a wrong formula that is slightly off concentrates on some rows (a mask, a block's edge)."""
-    if not t.finite or t.unwritten or t.guard_touched or t.row_err.numel() < 2:
-        return False
-    if t.worst > min(PRECISION_BOUND, 100 * t.tol):
-        return False
-    rows = t.row_err[t.row_err > 0]       # (rows no query reaches have no gradient, no error)
-    return rows.numel() >= 2 and float((rows > 0.1 * rows.max()).double().mean()) >= 0.25
-
-
-@mistake("float32_rounding", NUMBERS, "a float64 computation carries float32's rounding: a step runs in float32",
-         "float32 keeps about 7 significant digits, float64 about 16: errors of 1e-8 to 1e-6 in a float64 "
-         "run are float32's rounding, not a wrong formula. Some step makes float32: .float() (float32 "
-         "exactly, not 'at least'), a cast to torch.float32 or to a float32 tensor's dtype, a bool or int "
-         "tensor divided by a Python number, torch.tensor / zeros / ones without dtype=. Keep every tensor "
-         "in the inputs' dtype (dtype=q.dtype, .to(q.dtype)).")
-def _float32_rounding(ctx):
-    if not ctx.failing or any(r.error is not None or r.oob_reads or r.wild for r in ctx.failing):
-        return None
-    bad = ctx.bad_tensors()
-    if not bad or not all(t.tol <= 1e-9 and t.finite and not t.unwritten and t.worst <= 1e-5 for _, t in bad):
-        return None
-
-    worst = max(bad, key=lambda rt: rt[1].worst)
-    line = first_line(ctx, lambda c: re.search(r"\.float\(\)|float32|torch\.(?:tensor|zeros|ones|empty|full)\((?!.*dtype)",
-                                                c))
-    return (f"every wrong output is within {worst[1].worst:.1e} of the float64 reference (tolerance "
-            f"{worst[1].tol:.0e}; largest in '{worst[0].case.name}' {worst[1].name}), in {len(ctx.failing)} of "
-            f"{len(ctx.results)} cases" + (f"; a line that can make float32: `{line}`" if line else ""))
-
-
-@mistake("low_precision", NUMBERS, "close to the right values but not within the tolerance: precision is lost",
-         "Every wrong output is right but for rounding: a small relative error, spread over the "
-         "rows, in case after case -- no formula is wrong. Some step runs in a lower precision than "
-         "the inputs: a cast to fp16 or bf16 (.half(), .to(torch.float16), autocast) of the scores, "
-         "the softmax or its sums, TF32 matrix products, or an accumulator kept in the inputs' low "
-         "dtype. Compute the softmax and every sum and accumulation in fp32 (at least the inputs' "
-         "precision) and cast only the results.")
-def _low_precision(ctx):
-    if not ctx.failing or any(r.error is not None or r.oob_reads or r.wild or r.nondeterministic
-                              for r in ctx.failing):
-        return None
-    bad = ctx.bad_tensors()
-    if not bad or not all(_precision_loss(r, t) for r, t in bad):
-        return None
-    worst = max(bad, key=lambda rt: rt[1].worst)
-    evidence = (f"every wrong output is within {worst[1].worst:.1e} of the reference (tolerance {worst[1].tol:.0e}; "
-                f"largest in '{worst[0].case.name}' {worst[1].name}), the error spread over the rows, in "
-                f"{len(ctx.failing)} of {len(ctx.results)} cases; {ctx.tensor_pattern()}")
-
-    casts = low_dtype_casts(ctx)
-    if casts:
-        lines = "; ".join(f"`{c}`" for c in casts[:2])
-        return (f"{evidence}; your code casts to a fixed 16-bit dtype, whatever the inputs': {lines}",
-                "A cast to a fixed fp16/bf16 rounds every value of that tensor to 11 (8) significant bits, "
-                "even when the inputs are fp32. Cast a tile only to the dtype of the product's other "
-                "operand (x.to(k.dtype)) and keep the softmax, dS and every sum in fp32.")
-    return evidence
+from ..checkers import DKDV, DQ, ONLINE, REBUILD_P
+from ..engine import FALLBACK, mistake
+from ..evidence import facts, heads_text, ranges
+from ..structure import head_sets_idea
 
 
 @mistake("heads", FALLBACK, "only some (batch, head) pairs are right: the offset of the later heads is wrong",
@@ -102,7 +33,7 @@ def _heads(ctx):
     return f"case '{r.case.name}', {t.name} per (batch, head): {per}"
 
 
-def _pattern_rule(prop_ids, only=None, exact: bool = True):
+def _named_by_pattern(prop_ids, only=None, exact: bool = True):
     """The test of a mistake named by the property that sets the failing cases apart (one of
     ``prop_ids``; ``x*``: any id starting with x); ``only``: for that checker alone."""
     def test(ctx):
@@ -123,14 +54,14 @@ def _pattern_rule(prop_ids, only=None, exact: bool = True):
          "(1.0 / math.sqrt(D)). `//` floors it to 0, sqrt(D) without the 1 / inverts it, shape[-2] is a "
          "length. Every call that passes its own scale is right, so the defaulting line is the place.")
 def _default_scale_value(ctx):
-    return _pattern_rule(["scale_none"])(ctx)
+    return _named_by_pattern(["scale_none"])(ctx)
 
 
 @mistake("default_scale", FALLBACK, "the scale you were given is not the one used",
          "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
          "argument (when rebuilding S, or for the factor in dQ / dK).")
 def _default_scale(ctx):
-    evidence = _pattern_rule(["custom_scale"])(ctx)
+    evidence = _named_by_pattern(["custom_scale"])(ctx)
     if evidence is None:
         return None
     if "O" in ctx.names and ctx.wrong_in("O"):      # an autograd.Function: the forward already
@@ -141,9 +72,6 @@ def _default_scale(ctx):
     return evidence
 
 
-# --------------------------------------------------------------------------------------
-# which outputs are wrong
-# --------------------------------------------------------------------------------------
 @mistake("dv_formula", FALLBACK, "only dV is wrong: dV = P^T dO, check its formula or a transpose",
          "dK and dQ need P too, and they are right, so P is right. dV = P^T dO: each key's row sums "
          "P[i, j] * dO[i] over the query rows i -- in a key-block program, the transposed tile P^T "
@@ -204,9 +132,6 @@ def _one_output(ctx):
     return None
 
 
-# --------------------------------------------------------------------------------------
-# which cases are wrong
-# --------------------------------------------------------------------------------------
 @mistake("causal_global_index", FALLBACK, "the causal mask compares positions inside the block, not global ones",
          "Wrong exactly where a causal mask meets several blocks: the mask must compare the global "
          "key position (the block's start plus the offset inside it) with the global query position. "
@@ -222,7 +147,8 @@ def _causal_global_index(ctx):
 mistake("mask_always", FALLBACK, "the causal mask is applied even when causal is False",
         "Exactly the cases *without* the causal mask fail, and every causal case passes: the mask "
         "is applied whatever the `causal` argument says (an `if causal:` missing, or a flag that "
-        "does not reach the code). Mask only when causal is True.", test=_pattern_rule(["noncausal"]))
+        "does not reach the code). Mask only when causal is True.", test=_named_by_pattern(["noncausal"]))
+
 
 mistake("causal", FALLBACK, "only causal cases are wrong: the mask is on the wrong quantity or the wrong keys",
         "Hidden keys (j > i) must get P = 0, which the softmax gives when S = -inf *before* it. "
@@ -230,53 +156,94 @@ mistake("causal", FALLBACK, "only causal cases are wrong: the mask is on the wro
         "to 1 (only when P is rebuilt from the forward's LSE is zeroing it afterwards right). The "
         "loop bounds must still visit every visible key. Under a causal mask row 0 of dQ is zero "
         "(row 0 sees one key); if the function under test is your *reference*, test the test.",
-        test=_pattern_rule(["causal"], exact=False))
+        test=_named_by_pattern(["causal"], exact=False))
+
 
 mistake("rescale", FALLBACK, "wrong only when the keys come in several blocks: running sums not rescaled",
         "When the running maximum grows from m_old to m_new, everything accumulated so far (the sum "
         "l and the output accumulator) must be multiplied by exp(m_old - m_new) before the new "
-        "block is added.", test=_pattern_rule(["multi_block"], only=ONLINE))
+        "block is added.", test=_named_by_pattern(["multi_block"], only=ONLINE))
+
 
 mistake("rows_bound", FALLBACK, "a bound or mask on the query rows uses S_k",
         "Wrong exactly where there are more query rows than keys: rows past S_k are never visited, "
         "or masked away, because a loop bound or a row mask uses S_k where S_q belongs.",
-        test=_pattern_rule(["sq_gt_sk"], exact=False))
+        test=_named_by_pattern(["sq_gt_sk"], exact=False))
+
 
 mistake("keys_bound", FALLBACK, "a bound or mask on the keys uses S_q",
         "Wrong exactly where there are more keys than query rows: keys past S_q are never visited, "
         "or masked away, because a loop bound or a key mask uses S_q where S_k belongs.",
-        test=_pattern_rule(["sq_lt_sk"], exact=False))
+        test=_named_by_pattern(["sq_lt_sk"], exact=False))
+
 
 mistake("lengths_mixed", FALLBACK, "S_q and S_k are mixed up somewhere",
         "Wrong only where S_q != S_k: a bound, mask or shape uses one length for the other.",
-        test=_pattern_rule(["sq_ne_sk"]))
+        test=_named_by_pattern(["sq_ne_sk"]))
+
 
 mistake("query_blocks", FALLBACK, "wrong only where S_q spans several query blocks: the loop over query blocks",
         "A key-block program must visit every query block that sees its keys and add up their "
         "contributions: each iteration loads the block it steps to (offsets from the loop variable, "
         "not from the program id) and adds (+=) into dK, dV, stored once after the loop.",
-        test=_pattern_rule(["multi_q*"]))
+        test=_named_by_pattern(["multi_q*"]))
+
 
 mistake("key_blocks", FALLBACK, "wrong only where S_k spans several key blocks: the loop over key blocks",
         "A query-block program must visit every key block its rows see and add up their "
         "contributions: each iteration loads the key block it steps to and adds (+=) into dQ, "
         "stored once after the loop. (Under a causal mask the early query blocks see one key block "
-        "only, which is why some of these cases may pass.)", test=_pattern_rule(["multi_k*"], exact=False))
+        "only, which is why some of these cases may pass.)", test=_named_by_pattern(["multi_k*"], exact=False))
+
 
 mistake("padding", FALLBACK, "only lengths that are not block multiples are wrong: the partial last block",
         "Rows and keys past S_q / S_k must be masked in every load and get P = 0, and the loops "
-        "and the grid must cover the partial last block.", test=_pattern_rule(["ragged*"], exact=False))
+        "and the grid must cover the partial last block.", test=_named_by_pattern(["ragged*"], exact=False))
+
 
 mistake("do_strides", FALLBACK, "only the cases with an unusual dO are wrong: dO's own strides",
         "dO arrives as autograd makes it: contiguous, a strided view, or one number expanded to the "
         "whole shape (every stride 0, after out.sum()). Offset dO with its own four strides, "
         "never assume it is contiguous, never copy another tensor's strides.",
-        test=_pattern_rule(["do_stride0", "do_strided"]))
+        test=_named_by_pattern(["do_stride0", "do_strided"]))
+
 
 mistake("strides", FALLBACK, "only non-contiguous inputs are wrong: offsets computed from shapes, not strides",
         "Contiguous inputs pass, strided ones (transposed [B, S, H, D] views, slices) fail. Pass "
         "every tensor's own .stride() to the kernel and use it for every offset, including the last "
-        "dimension's stride.", test=_pattern_rule(["strided", "qkv_strided"], exact=False))
+        "dimension's stride.", test=_named_by_pattern(["strided", "qkv_strided"], exact=False))
+
+
+@mistake("first_block_only", FALLBACK, "only the first block of rows (keys) is right",
+         "Every wrong output is right in its first block of rows (of keys, for dK and dV) and wrong "
+         "after it: the later blocks are reached with the wrong offsets (the block's start from the "
+         "program id or the loop variable, times the block size, times the row stride), or are not "
+         "visited, or receive the first block's values.")
+def _first_block_only(ctx):
+    seen = []
+    for r in ctx.failing:
+        bad = r.bad()
+        if not bad:
+            return None
+        for t in bad:
+            b = facts(r, t.name).get("first_rows")
+            if not b:
+                return None
+            seen.append((r, t, b))
+    if not seen:
+        return None
+    r, t, b = seen[0]
+    what = "keys" if t.name in ("dK", "dV") else "rows"
+    return (f"in '{r.case.name}' {t.name}: {what} 0-{b - 1} right, wrong {what} {ranges(t.bad_rows())}; "
+            f"{ctx.case_pattern()}")
+
+
+_EVERYTHING_IDEA = ("No known mistake matches these outputs exactly, and nothing sets some cases apart: "
+                    "the mistake is in a step every case goes through. Check, in order: the scores S = Q K^T "
+                    "* scale (same scale, same mask as the forward), P = exp(S - LSE) with the forward's "
+                    "natural-log LSE (one value per query row), dP = dO V^T, delta, dS = P * (dP - delta), "
+                    "then each gradient's product. The evidence's cosine says how far off the direction "
+                    "is (1: only the size), the factor how far off the size.")
 
 
 _EVERYTHING_IDEAS = {
@@ -291,14 +258,28 @@ _EVERYTHING_IDEAS = {
 }
 
 
-
-
-_EVERYTHING_IDEA = ("No known mistake matches these outputs exactly, and nothing sets some cases apart: "
-                    "the mistake is in a step every case goes through. Check, in order: the scores S = Q K^T "
-                    "* scale (same scale, same mask as the forward), P = exp(S - LSE) with the forward's "
-                    "natural-log LSE (one value per query row), dP = dO V^T, delta, dS = P * (dP - delta), "
-                    "then each gradient's product. The evidence's cosine says how far off the direction "
-                    "is (1: only the size), the factor how far off the size.")
+def seen_facts(ctx, limit: int = 3) -> str:
+    """What the fallback diagnoses report: for the first failing cases, each wrong output's
+    best-fit factor and cosine with the reference, and any structural fact."""
+    out = []
+    for r in ctx.failing[:2]:
+        for t in r.bad()[:limit]:
+            if not t.finite:
+                out.append(f"'{r.case.name}' {t.name}: not finite ({t.unwritten} never written)")
+                continue
+            f = facts(r, t.name)
+            bits = [f"cosine with the reference {t.cosine:.2f}", f"best-fit factor {t.ratio:.3g}"]
+            if f.get("zero_heads"):
+                bits.append(f"zero in (batch, head) {heads_text(r.case, f['zero_heads'])}")
+            if f.get("equals"):
+                bits.append(f"equals {' and '.join(f['equals'])}")
+            if f.get("first_rows"):
+                bits.append(f"right in its first {f['first_rows']} rows only")
+            ok = int(t.heads_ok.sum())
+            if ok:
+                bits.append(f"{ok} of {t.heads_ok.numel()} heads right")
+            out.append(f"'{r.case.name}' {t.name}: " + ", ".join(bits))
+    return "; ".join(out)
 
 
 @mistake("everything_wrong", FALLBACK, "every case and every head is wrong, with no known pattern",
@@ -313,19 +294,19 @@ def _everything_wrong(ctx):
     return None
 
 
-# after every rule that names a line: some GQA cases fail, and the summed heads say which map
+# after every mistake that names a line: some GQA cases fail, and the summed heads say which map
 @mistake("gqa_head_map", FALLBACK, "a head index is wrong under grouped-query attention",
          "With GQA, the dK/dV program of K/V head h_kv adds up the query heads of its group.")
 def _gqa_head_map(ctx):
     """Some of the GQA cases fail, not all (a map that agrees with the right one where H_kv = 1), and
-    no earlier rule named a line: the query heads dK and dV summed say which map it was."""
+    no earlier mistake named a line: the query heads dK and dV summed say which map it was."""
     if not ctx.failing or any(r.case.H == r.case.heads_kv for r in ctx.failing):
         return None
     for r in ctx.failing:
         for name in ("dK", "dV"):
             sets = r.structure.get(name, {}).get("head_sets")
             if sets:
-                return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}", head_rules._head_sets_idea(r.case, name, sets)
+                return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}", head_sets_idea(r.case, name, sets)
     return None
 
 

@@ -1,13 +1,12 @@
-"""Diagnoses from what the launcher handed the kernel (``check.dq_kernel``, ``check.dkdv_kernel``).
+"""Stage "the launch": what the launcher handed the kernel (``check.dq_kernel``, ``check.dkdv_kernel``).
 
 The runner records every Triton launch: the scalar arguments by the kernel's parameter names
-and the grid (:class:`flashattn.check.runner.Launch`). Where the kernel keeps the exercise's
+and the grid (:class:`flashattn.check.instruments.Launch`). Where the kernel keeps the exercise's
 parameter names (``H``, ``H_KV``, ``GROUP_SIZE``, ``S_q``, ``S_k``, ``HEAD_DIM``, ``BLOCK_M``,
 ...), a value unlike the case's -- H_kv where H belongs, two arguments in each other's place --
 or a grid whose axes are the other way round from the kernel's ``tl.program_id`` reads is the
-mistake itself, whatever the outputs look like. Tried before the memory
-mistakes (:mod:`flashattn.check.checkers`): a wrong head count is also what sends addresses
-outside the tensors.
+mistake itself, whatever the outputs look like. Last, an address outside every tensor
+(``wild_access``): a wrong head count is also what sends addresses there.
 """
 from __future__ import annotations
 
@@ -17,14 +16,9 @@ from typing import Optional
 
 import torch
 
-from .engine import LAUNCH, mistake
-from .checkers import DQ
-
-def _quantities(case) -> dict:
-    """Name -> value of every integer a launch could pass (several names may share a value)."""
-    H, H_kv = case.H, case.heads_kv
-    return {"H": H, "H_kv": H_kv, "GROUP_SIZE (H // H_kv)": H // max(1, H_kv), "S_q": case.S_q,
-            "S_k": case.S_k, "D": case.D, "B": case.B, "B * H": case.B * H, "B * H_kv": case.B * H_kv}
+from ..checkers import DQ
+from ..engine import LAUNCH, mistake
+from ..evidence import displaced_stores
 
 
 def _expected(case, checker) -> dict:
@@ -38,11 +32,6 @@ def _expected(case, checker) -> dict:
     return out
 
 
-def _named(value, case, exclude: str = "") -> str:
-    names = [n for n, v in _quantities(case).items() if v == value and n != exclude][:2]
-    return f"{value} (= {' or '.join(names)})" if names else f"{value}"
-
-
 def _mismatches(r, checker) -> list:
     """[(parameter, got, (label, want))] for the launches of one case."""
     out = []
@@ -54,6 +43,18 @@ def _mismatches(r, checker) -> list:
             if int(got) != want:
                 out.append((name, int(got), (label, want)))
     return out
+
+
+def _quantities(case) -> dict:
+    """Name -> value of every integer a launch could pass (several names may share a value)."""
+    H, H_kv = case.H, case.heads_kv
+    return {"H": H, "H_kv": H_kv, "GROUP_SIZE (H // H_kv)": H // max(1, H_kv), "S_q": case.S_q,
+            "S_k": case.S_k, "D": case.D, "B": case.B, "B * H": case.B * H, "B * H_kv": case.B * H_kv}
+
+
+def _named(value, case, exclude: str = "") -> str:
+    names = [n for n, v in _quantities(case).items() if v == value and n != exclude][:2]
+    return f"{value} (= {' or '.join(names)})" if names else f"{value}"
 
 
 @mistake("launch_value", LAUNCH, "a kernel parameter receives the wrong value from the launch",
@@ -85,9 +86,11 @@ def _launch_value(ctx):
     return "; ".join(found) + f"; {ctx.tensor_pattern()}"
 
 
-#: the lessons' parameter names (lower case, without "_ptr") -> the handed tensor they stand for
-_TENSOR_PARAMS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta",
-                  "dq": "dQ", "dk": "dK", "dv": "dV"}
+def _in_every_failing_run(ctx, find) -> Optional[list]:
+    """[(case result, find(it))] for the failing cases that ran (raised nothing), when ``find``
+    finds something in every one of them; else None."""
+    found = [(r, find(r)) for r in ctx.failing if r.error is None]
+    return found if found and all(hit for _, hit in found) else None
 
 
 def _bare(name: str) -> str:
@@ -95,17 +98,15 @@ def _bare(name: str) -> str:
     return re.sub(r"^(p_|ptr_)|(_ptr|_p)$", "", name.lower())
 
 
+#: the lessons' parameter names (lower case, without "_ptr") -> the handed tensor they stand for
+_TENSOR_PARAMS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta",
+                  "dq": "dQ", "dk": "dK", "dv": "dV"}
+
+
 def _tensor_param(name: str):
     """The handed tensor a kernel parameter's name says it holds (``Q``, ``q_ptr``, ``LSE``,
     ``Delta``, ``DK_ptr``), or None for a name the lessons do not use."""
     return _TENSOR_PARAMS.get(_bare(name))
-
-
-def _in_every_failing_run(ctx, find) -> Optional[list]:
-    """[(case result, find(it))] for the failing cases that ran (raised nothing), when ``find``
-    finds something in every one of them; else None."""
-    found = [(r, find(r)) for r in ctx.failing if r.error is None]
-    return found if found and all(hit for _, hit in found) else None
 
 
 def _wrong_tensors(r) -> list:
@@ -132,6 +133,21 @@ def _launch_tensor(ctx):
     return f"{said} (every launch, all {len(found)} failing cases); {ctx.tensor_pattern()}"
 
 
+def _two_axis_launches(r, block: str):
+    """(launch, its block size) for the case's launches with a positive integer ``block`` and a
+    grid of at least two axes."""
+    for launch in r.launch_args or ():
+        size = launch.args.get(block)
+        if isinstance(size, int) and size > 0 and launch.grid and len(launch.grid) >= 2:
+            yield launch, size
+
+
+def _row_blocks(r, checker) -> tuple:
+    """(the kernel's block parameter, the rows it blocks, the heads per batch element): a dQ
+    program owns query rows of one of H heads, a dK/dV program keys of one of H_kv heads."""
+    return ("BLOCK_M", r.case.S_q, r.case.H) if checker is DQ else ("BLOCK_N", r.case.S_k, r.case.heads_kv)
+
+
 _PROGRAM_ID = re.compile(r"(\w+)\s*=\s*tl\.program_id\((?:axis\s*=\s*)?0\)")
 
 
@@ -144,21 +160,6 @@ def _axis0_is_block(fn, block: str) -> bool:
         return False
     m = _PROGRAM_ID.search(src)
     return bool(m) and re.search(rf"\b{m.group(1)}\s*\*\s*{block}\b", src) is not None
-
-
-def _row_blocks(r, checker) -> tuple:
-    """(the kernel's block parameter, the rows it blocks, the heads per batch element): a dQ
-    program owns query rows of one of H heads, a dK/dV program keys of one of H_kv heads."""
-    return ("BLOCK_M", r.case.S_q, r.case.H) if checker is DQ else ("BLOCK_N", r.case.S_k, r.case.heads_kv)
-
-
-def _two_axis_launches(r, block: str):
-    """(launch, its block size) for the case's launches with a positive integer ``block`` and a
-    grid of at least two axes."""
-    for launch in r.launch_args or ():
-        size = launch.args.get(block)
-        if isinstance(size, int) and size > 0 and launch.grid and len(launch.grid) >= 2:
-            yield launch, size
 
 
 def _swapped_grid(r, checker):
@@ -198,7 +199,7 @@ def _grid_short_in(r, checker):
     label = "H" if checker is DQ else "H_kv"
     for launch, size in _two_axis_launches(r, block):
         blocks, pairs = launch.grid[:2]
-        if blocks * size < rows and blocks != rows // size:      # rows // size: the unwritten rule's cdiv story
+        if blocks * size < rows and blocks != rows // size:      # rows // size: unwritten's cdiv story
             other = next((b for b in (16, 32, 64, 128) if b != size and -(-rows // b) == blocks), None)
             why = (f"it counts blocks of {other} rows while the kernel's {block} is {size}: the same block size "
                    f"must size both" if other else f"{blocks} programs of {size} rows cover {blocks * size} "
@@ -362,10 +363,26 @@ def _borrowed_strides(r) -> list:
          "Each tensor's stride parameters must get that tensor's own .stride(): *dk.stride() for dK, "
          "*dv.stride() for dV. Two tensors laid out alike hide the slip (their strides are equal), which "
          "is why one case hands them in different layouts.")
-def _borrowed_strides_rule(ctx):
+def _borrowed_strides_test(ctx):
     found = _in_every_failing_run(ctx, _borrowed_strides)
     if found is None:
         return None
     r, ((param, got, own, passed, whose), *_) = found[0]
     return (f"in '{r.case.name}' parameter {param} received {got} (strides {own}) but its stride parameters "
             f"received {passed}, which are {whose}; {ctx.case_pattern()}")
+
+
+@mistake("wild_access", LAUNCH, "an address falls outside every tensor the kernel was given",
+         "Some loads or stores reached memory that belongs to none of the kernel's tensors (in the "
+         "interpreter the checker fences them off; on a GPU they land wherever the address points: an "
+         "illegal memory access, or silent corruption of something else). "
+         "The address is far off, not one block too far: the batch and head decoded from the program "
+         "id the wrong way round, two strides swapped, a head count or a grid larger than the tensors "
+         "(H_kv passed where H belongs), or an offset built from the wrong length.")
+def _wild_access(ctx):
+    hits = [r for r in ctx.results if r.wild]
+    if not hits:
+        return displaced_stores(ctx)
+    loads, stores = (sum(r.wild[k] for r in hits) for k in ("loads", "stores"))
+    return (f"{stores} stores and {loads} loads outside every tensor, in {len(hits)} of "
+            f"{len(ctx.results)} cases ({ctx.names_of(hits)})")
