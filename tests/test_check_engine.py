@@ -40,8 +40,8 @@ def test_the_first_fitting_mistake_of_the_order_names_it(monkeypatch):
     """Two mistakes that both fit: the one earlier in the checker's order is the diagnosis."""
     seen = []
     fits = lambda mid: lambda ctx: seen.append(mid) or f"{mid} fits"      # noqa: E731
-    monkeypatch.setitem(engine.MISTAKES, "first", engine.Mistake("first", engine.FALLBACK, "t1", "i1", fits("first")))
-    monkeypatch.setitem(engine.MISTAKES, "second", engine.Mistake("second", engine.FALLBACK, "t2", "i2", fits("second")))
+    monkeypatch.setitem(engine.MISTAKES, "first", engine.Mistake("first", engine.FALLBACK, "t1", "i1", fits("first"), "-"))
+    monkeypatch.setitem(engine.MISTAKES, "second", engine.Mistake("second", engine.FALLBACK, "t2", "i2", fits("second"), "-"))
     checker = engine.Checker("toy", "00", "a toy")
     failing = CaseResult(check.BATTERY[0], error=RuntimeError("boom"))
     checker.order = ("second", "first")
@@ -53,9 +53,12 @@ def test_the_first_fitting_mistake_of_the_order_names_it(monkeypatch):
 
 def test_a_mistake_is_registered_once_and_in_a_known_stage():
     with pytest.raises(ValueError, match="registered twice"):
-        engine.mistake("shape", engine.DID_NOT_RUN, "t", "i", test=lambda ctx: None)
+        engine.mistake("shape", engine.DID_NOT_RUN, "t", "i", proof="x", test=lambda ctx: None)
     with pytest.raises(ValueError, match="unknown stage"):
-        engine.mistake("a_new_one", "some stage", "t", "i", test=lambda ctx: None)
+        engine.mistake("a_new_one", "some stage", "t", "i", proof="x", test=lambda ctx: None)
+    with pytest.raises(ValueError, match="no proof"):
+        engine.mistake("a_new_one", engine.FALLBACK, "t", "i", proof="", test=lambda ctx: None)
+    assert "a_new_one" not in engine.MISTAKES
 
 
 def test_list_prints_the_order(capsys):

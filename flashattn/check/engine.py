@@ -47,7 +47,7 @@ class Mistake:
     title: str                  # what is wrong, one line
     idea: str                   # the principle to check, in words (no code)
     test: Callable              # Evidence -> None | evidence | (evidence, idea)
-    proof: Optional[str] = None  # a variant that triggers it (a key of tests/golden/check_diagnoses.py)
+    proof: str                  # a variant that triggers it (a key of tests/golden/check_diagnoses.py)
     when_passing: bool = False  # tried even when every case passed (it reads the code)
 
 
@@ -55,12 +55,17 @@ class Mistake:
 MISTAKES: dict = {}
 
 
-def mistake(id: str, stage: str, title: str, idea: str, *, test: Optional[Callable] = None,
-            proof: Optional[str] = None, when_passing: bool = False):
+def mistake(id: str, stage: str, title: str, idea: str, *, proof: str, test: Optional[Callable] = None,
+            when_passing: bool = False):
     """Register mistake ``id``. Used as a decorator over its test, or with ``test=`` (a test made
-    by a helper: ``matches("no_delta")``, ``quoted_line(pattern)``)."""
+    by a helper: ``matches("no_delta")``, ``quoted_line(pattern)``). ``proof``: a variant whose
+    first diagnosis is this mistake -- a key of tests/golden/check_diagnoses.py (an edit of a worked
+    solution, a planted kernel bug, a blind-set variant, one of the tests' examples), which
+    test_every_diagnosis_is_proven runs."""
     if stage not in STAGES:
         raise ValueError(f"mistake {id!r}: unknown stage {stage!r} (one of engine.STAGES)")
+    if not proof:
+        raise ValueError(f"mistake {id!r}: no proof (a variant that triggers it)")
 
     def register(fn):
         if id in MISTAKES:

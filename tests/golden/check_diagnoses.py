@@ -20,6 +20,10 @@ commit which entries changed (``--check`` lists them). The mistakes it runs, eac
   checkers); the n-th edit of a table that expects the same diagnosis gets ``#n`` (n >= 2), so
   append new edits to those tables rather than insert them.
 
+Beside the record, ``example/<checker>/<what>`` keys name the tests' own planted functions and
+launchers (:func:`examples`) that prove the diagnoses no variant above triggers; every mistake's
+``proof`` is one of these keys (test_check.py's test_every_diagnosis_is_proven runs each).
+
 Each first diagnosis is the id a checker names first, ``PASS`` when it passes, ``ERROR`` when the
 variant no longer applies. Every run is on the CPU (Triton's interpreter), under the test suite's
 poisoned outputs, with torch's global seed set to 0 first: the record is the CPU's (a GPU runs the
@@ -121,7 +125,80 @@ def variants() -> dict:
     return out
 
 
+def examples() -> dict:
+    """key -> (checker name, a function that runs it): the tests' own planted functions, launchers
+    and kernels that prove the diagnoses no edit of a worked solution triggers (``example/...``).
+    Not part of the record: test_check.py's test_every_diagnosis_is_proven runs them (and every
+    mistake's proof) through :func:`first_diagnosis`."""
+    _paths()
+    import torch
+
+    import conftest
+    import test_check as tc
+    import test_check_kernels as tk
+    import test_check_slips as ts
+    import test_lazy as tl
+    from flashattn import check, planted
+
+    out: dict = {}
+
+    def add(checker, label, make, **kw):
+        out[f"example/{checker}/{label}"] = (checker, lambda: conftest.run_checker(getattr(check, checker), make(), **kw))
+
+    for bug in ("delta_rowsum_dp", "delta_scalar", "ds_diagonal", "dk_plus_k", "dq_plus_q", "dp_scaled", "race",
+                "mask_hides_diagonal", "nan"):
+        add("attention_backward", f"make_backward({bug})", lambda bug=bug: tc.make_backward(bug))
+    for bug in ("lengths_mixed", "some_cases", "mask_three_ahead", "dv_mixed_rows"):
+        add("attention_backward", f"make_backward_lse({bug})", lambda bug=bug: tc.make_backward_lse(bug))
+    for name in ("overcounted_backward", "later_blocks_off", "wrong_for_strided_inputs", "unwritten_backward"):
+        add("attention_backward", name, lambda name=name: getattr(tc, name))
+    for bug in ("exp2_lse", "p_sign", "mask_always"):
+        add("rebuild_p", f"make_rebuild_p({bug})", lambda bug=bug: tc.make_rebuild_p(bug))
+    add("rebuild_p", "make_rebuild_p_lse(plus_inf)", lambda: tc.make_rebuild_p_lse("plus_inf"))
+    for bug in ("rescale", "lse_output", "online_exp2", "online_scale_in_p"):
+        add("online_softmax", f"make_online({bug})", lambda bug=bug: tc.make_online(bug))
+    for bug in ("lse_no_mask", "kv_swapped"):
+        add("autograd_function", f"make_function({bug})", lambda bug=bug: tc.make_function(bug), gqa=False)
+    add("autograd_function", "make_function(do_strided_only)", lambda: tc.make_function("do_strided_only"))
+    add("autograd_function", "autograd_without_kernels", tc.autograd_without_kernels, gqa=False)
+    for bug in ("ds_from_da", "no_gate"):
+        add("lazy_backward", f"_lazy({bug})", lambda bug=bug: tc._lazy(bug))
+    for bug in ("dK without transpose", "ungated dtau"):
+        add("lazy_backward", f"_one_head_backward({bug})",
+            lambda bug=bug: lambda *a: tl._one_head_backward(*a, bug=bug))
+    add("window_mask", "_window_off_at_the_corner", lambda: tc._window_off_at_the_corner)
+    add("dq_kernel", "launch_dq_lengths_swapped", lambda: tk.launch_dq_lengths_swapped)
+    add("dq_kernel", "launch_dq_rows_rounded_down", lambda: tk.launch_dq_rows_rounded_down)
+    add("dq_kernel", "launch_dq_grid_over_kv_heads", lambda: tk.launch_dq_grid_over_kv_heads, gqa=True)
+    add("dkdv_kernel", "launch_dkdv_in_pytorch", lambda: tk.launch_dkdv_in_pytorch)
+    add("dkdv_kernel", "launch_dkdv_direct(grid over query heads)",
+        lambda: lambda *a: tk.launch_dkdv_direct(*a, grid_heads="query"), gqa=True, dtype=torch.float32)
+
+    def planted_gqa(name, checker, launch):
+        def run():
+            with planted.plant(name):
+                return conftest.run_checker(getattr(check, checker), launch, gqa=True)
+        out[f"example/{checker}/planted {name} (GQA)"] = (checker, run)
+
+    planted_gqa("dkdv.gqa_first_head_only", "dkdv_kernel", tk.launch_dkdv_direct)
+    planted_gqa("dq.kv_offset_with_h", "dq_kernel", tk.launch_dq_gqa)
+    tmp = Path(tempfile.mkdtemp(prefix="golden_"))
+    kept = [("ctx.save_for_backward(q, k, v, o, lse)", "ctx.save_for_backward(q, k, v, lse)\n        ctx.o = o"),
+            ("q, k, v, o, lse = ctx.saved_tensors", "q, k, v, lse, = ctx.saved_tensors\n        o = ctx.o")]
+    out["example/autograd_function/o kept on ctx"] = (
+        "autograd_function", lambda: conftest.SOLUTION_CHECKS["05"](ts._load(tmp, "05", kept)))
+    return out
+
+
 _VARIANTS: dict = {}
+
+
+def all_variants() -> dict:
+    """The recorded variants and the tests' examples, by key (built once per process)."""
+    if not _VARIANTS:
+        _VARIANTS.update(variants())
+        _VARIANTS.update(examples())
+    return _VARIANTS
 
 
 def first_diagnosis(key: str) -> str:
@@ -136,9 +213,7 @@ def diagnosis(key: str) -> tuple:
 
     from flashattn import runtime
 
-    if not _VARIANTS:
-        _VARIANTS.update(variants())
-    _, run = _VARIANTS[key]
+    _, run = all_variants()[key]
     torch.manual_seed(0)
     try:
         with runtime.poisoned_outputs():

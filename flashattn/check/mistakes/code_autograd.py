@@ -14,7 +14,7 @@ from ..source import calls, forward_params, line_of
 @mistake("apply_order", CODE, "apply passes its arguments in another order than forward takes them",
          "Function.apply(...) hands its arguments to forward(ctx, ...) by position, after ctx: "
          "the call must list them in forward's order. Two swapped (causal and scale) reach forward "
-         "under each other's names.")
+         "under each other's names.", proof="slips/05/apply_order")
 def _apply_order(ctx):
     for src in ctx.sources:
         for text, args in calls(src, r"(\w+)\.apply"):
@@ -33,7 +33,8 @@ def _apply_order(ctx):
 mistake("gradients_as_list", CODE, "backward returns a list: autograd counts it as one value",
         "autograd reads backward's result as a tuple of one gradient per input of forward; a list is one "
         "object, so it counts as one gradient (\"expected 5, got 1\"). Return a tuple: "
-        "return dq, dk, dv, None, None.", test=quoted_line(lambda c: re.match(r"return\s*\[", c) is not None))
+        "return dq, dk, dv, None, None.", test=quoted_line(lambda c: re.match(r"return\s*\[", c) is not None),
+        proof="slips/05/gradients_as_list")
 
 
 mistake("inplace_on_input", CODE, "an input or saved tensor is changed in place (a method ending in _)",
@@ -42,7 +43,7 @@ mistake("inplace_on_input", CODE, "an input or saved tensor is changed in place 
         "overwritten on the way: o.mul_(do) overwrites the forward's output, q.mul_(scale) the caller's "
         "q. In-place methods belong only on tensors your code made: write o * do, q * scale.",
         test=quoted_line(lambda c: re.search(r"\b(?:o|q|k|v|do|lse|out|grad_out|dout)\.(?:mul_|add_|sub_|div_|exp_|clamp_|"
-             r"masked_fill_|copy_|zero_)\(", c) is not None))
+             r"masked_fill_|copy_|zero_)\(", c) is not None), proof="slips/05/inplace_on_input")
 
 
 mistake("forward_half", CODE, "the forward runs on 16-bit copies of the inputs",
@@ -50,23 +51,26 @@ mistake("forward_half", CODE, "the forward runs on 16-bit copies of the inputs",
         "the copies, in 16-bit precision, while backward gets the saved full-precision q, k, v beside a "
         "16-bit O and dO. Call the kernels on the tensors as they came; the dtype is the caller's choice.",
         test=quoted_line(lambda c: re.search(r"\.(?:half|bfloat16)\(\)|\.to\(\s*(?:dtype\s*=\s*)?torch\.(?:float16|half|bfloat16)",
-             c) is not None))
+             c) is not None), proof="slips/05/forward_half")
 
 
 mistake("apply_under_no_grad", CODE, "apply runs under torch.no_grad(): no graph, no backward",
         "torch.no_grad() switches autograd off: the output of apply then has no grad_fn and .backward() "
         "has nothing to call. Your Function's forward already runs without recording (autograd treats it "
         "as one step); call apply plainly.",
-        test=quoted_line(lambda c: re.match(r"with\s+torch\.(?:no_grad|inference_mode)\(\)", c) is not None))
+        test=quoted_line(lambda c: re.match(r"with\s+torch\.(?:no_grad|inference_mode)\(\)", c) is not None),
+        proof="slips/05/apply_under_no_grad")
 
 
 mistake("zero_for_none", CODE, "backward returns 0 for a non-tensor input: None belongs there",
         "backward returns one value per input of forward: a tensor for q, k, v, and None for causal and "
         "scale, which have no gradient. A 0 is a value autograd cannot take as one.",
-        test=quoted_line(lambda c: re.match(r"return\s+.*,\s*0(?:\.0)?\s*(?:,\s*(?:0(?:\.0)?|None)\s*)*$", c) is not None))
+        test=quoted_line(lambda c: re.match(r"return\s+.*,\s*0(?:\.0)?\s*(?:,\s*(?:0(?:\.0)?|None)\s*)*$", c) is not None),
+        proof="slips/05/zero_for_none")
 
 
 mistake("save_non_tensors", CODE, "save_for_backward is given values that are not tensors",
         "ctx.save_for_backward(...) takes tensors only. Plain values -- causal, scale -- are kept as "
         "attributes: ctx.causal, ctx.scale = causal, scale.",
-        test=quoted_line(lambda c: re.search(r"save_for_backward\([^)]*\b(?:causal|scale|is_causal|dropout_p)\b", c) is not None))
+        test=quoted_line(lambda c: re.search(r"save_for_backward\([^)]*\b(?:causal|scale|is_causal|dropout_p)\b", c) is not None),
+        proof="slips/05/save_non_tensors")

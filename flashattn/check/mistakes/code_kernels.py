@@ -33,7 +33,8 @@ def _loop_mixing_units(src: str):
          "range(start, stop, BLOCK) walks row positions: start, start + BLOCK, ... up to the number of "
          "rows. tl.cdiv(S, BLOCK) is a number of blocks, so as a stop beside a step of BLOCK it ends "
          "the loop after the first block or two. Either loop over positions (range(start, S, BLOCK)) "
-         "or over block indices (range(0, tl.cdiv(S, BLOCK)) with offsets index * BLOCK).")
+         "or over block indices (range(0, tl.cdiv(S, BLOCK)) with offsets index * BLOCK).",
+         proof="slips/03/loop_units")
 def _loop_units(ctx):
     if any(r.error is not None for r in ctx.failing):
         return None
@@ -66,7 +67,8 @@ def _scores_tile(src: str, checker):
          "S^T = K Q^T (rows: keys, columns: queries): P^T = exp(S^T - LSE[None, :]), dV += P^T dO, "
          "dK += dS^T Q. A dQ program works on S = Q K^T (rows: queries) with LSE[:, None]. Build "
          "the scores in the orientation the rest of your kernel uses (with square blocks the shapes "
-         "agree and nothing raises: every value is just read across the diagonal).")
+         "agree and nothing raises: every value is just read across the diagonal).",
+         proof="slips/03/scores_orientation")
 def _scores_orientation(ctx):
     _, found = first_found(ctx, lambda src: _scores_tile(src, ctx.checker))
     if not found:
@@ -107,7 +109,7 @@ def _stride_axis_slips(src: str) -> list:
          "A tile's address is base + rows * (the sequence stride) + columns * (the head-dim stride): "
          "offs_m or offs_n (positions) go with stride_x_s, offs_d (head-dim entries) with stride_x_d. "
          "Swapped, a contiguous tensor is read across its rows instead of along them -- and where the "
-         "strides happen to agree nothing shows.")
+         "strides happen to agree nothing shows.", proof="slips/03/stride_axes")
 def _stride_axes(ctx):
     _, lines = first_found(ctx, _stride_axis_slips)
     if not lines:
@@ -202,7 +204,7 @@ def _mask_slips(src: str) -> list:
          "and dV to the K/V head h_kv = h // GROUP_SIZE -- and its own positions: the query rows offs_m "
          "for Q, dO, LSE, delta, dQ; the keys offs_n for K, V, dK, dV. Where the two agree (contiguous "
          "tensors, no GQA, equal lengths) the slip is invisible, so the failing cases are the ones "
-         "where they differ.")
+         "where they differ.", proof="slips/03/address_terms")
 def _address_terms(ctx):
     _, slips = first_found(ctx, lambda src: _address_slips(src) + _mask_slips(src))
     if not slips:
@@ -220,7 +222,7 @@ _INCLUSIVE = re.compile(r"\b(offs_\w+|rows?|cols?)\b(?:\s*\[[^\]]*\])?\s*<=\s*(S
 mistake("bound_inclusive", CODE, "a mask compares with <= the length: index S is already past the end",
         "Positions run 0 ... S - 1: the mask of valid rows is offs < S. With <= the row (or column) S "
         "-- one past the end -- passes, and its load reads whatever lies after the tensor.",
-        test=quoted_line(_INCLUSIVE.search, show=("case", "tensors")))
+        test=quoted_line(_INCLUSIVE.search, show=("case", "tensors")), proof="slips/03/bound_inclusive")
 
 
 _CONTIGUOUS = re.compile(r"tl\.(?:load|store)\(\s*\w+\s*\+\s*\w+\[[^\]]*\]\s*\*\s*(?:HEAD_DIM|BLOCK_D|D)\b")
@@ -230,7 +232,7 @@ mistake("contiguous_assumed", CODE, "a tile is addressed as if its tensor were c
         "A row's address is row * stride_s + column * stride_d, with the tensor's own strides: a row "
         "is HEAD_DIM elements long only when the tensor is contiguous and unpadded. A transposed "
         "[B, S, H, D] view or a padded head dim has other strides, and offs * HEAD_DIM reads other rows.",
-        test=quoted_line(lambda c: _CONTIGUOUS.search(c) and "stride" not in c))
+        test=quoted_line(lambda c: _CONTIGUOUS.search(c) and "stride" not in c), proof="slips/03/contiguous_assumed")
 
 
 _FLAT_PROGRAM = re.compile(r"\bpid_bh(?:\.to\(tl\.int64\))?\s*\*\s*stride_\w*_h\b")
@@ -240,13 +242,13 @@ mistake("flat_batch_head", CODE, "a (batch, head) program id times the head stri
         "pid_bh * stride_h reaches the right (batch, head) only when stride_b = H * stride_h, a "
         "contiguous [B, H, S, D] tensor. Split the id, b = pid_bh // H and h = pid_bh % H, and offset "
         "b * stride_b + h * stride_h: a transposed or padded tensor has other strides.",
-        test=quoted_line(_FLAT_PROGRAM.search))
+        test=quoted_line(_FLAT_PROGRAM.search), proof="slips/03/flat_batch_head")
 
 
 mistake("cdiv_swapped", CODE, "triton.cdiv's arguments are swapped: cdiv(BLOCK, S) is 1",
         "triton.cdiv(a, b) is ceil(a / b): the number of blocks is cdiv(S, BLOCK), the length first. "
         "cdiv(BLOCK, S) is 1 (or 0-1 blocks) whatever the length, so only the first block gets a program.",
-        test=quoted_line(lambda c: re.search(r"cdiv\(\s*BLOCK\w*\s*,", c) is not None))
+        test=quoted_line(lambda c: re.search(r"cdiv\(\s*BLOCK\w*\s*,", c) is not None), proof="slips/04/cdiv_swapped")
 
 
 mistake("row_vector_as_column", CODE, "a per-row vector is loaded as a column: [BLOCK_M, 1] before its [:, None]",
@@ -254,14 +256,16 @@ mistake("row_vector_as_column", CODE, "a per-row vector is loaded as a column: [
         "tl.load(lse_base + offs_m * stride_lse_s, mask=row_ok), a vector [BLOCK_M]. Loaded with "
         "offs_m[:, None] they are already a column [BLOCK_M, 1], and the lse[:, None] that meets the "
         "[BLOCK_M, BLOCK_N] tile makes a third axis, which tl.dot refuses.",
-        test=quoted_line(lambda c: re.search(r"^(?:lse|delta|m_i|l_i)\w*\s*=\s*tl\.load\(.*offs_\w+\[:,\s*None\]", c) is not None))
+        test=quoted_line(lambda c: re.search(r"^(?:lse|delta|m_i|l_i)\w*\s*=\s*tl\.load\(.*offs_\w+\[:,\s*None\]", c) is not None),
+        proof="slips/03/row_vector_as_column")
 
 
 mistake("mask_or", CODE, "a load or store mask joins its conditions with | (or): both must hold",
         "A tile's mask keeps an element where *either* condition holds when the two are joined with |: "
         "a row past the end with a valid column (or the reverse) is read from outside the tensor. Each "
         "element needs both: row_ok[:, None] & d_ok[None, :].",
-        test=quoted_line(lambda c: re.search(r"mask\s*=\s*[^,]*\[[^\]]*\]\s*\|\s*[\w.]+\s*\[", c) is not None))
+        test=quoted_line(lambda c: re.search(r"mask\s*=\s*[^,]*\[[^\]]*\]\s*\|\s*[\w.]+\s*\[", c) is not None),
+        proof="slips/03/mask_or")
 
 
 mistake("operand_other_inf", CODE, "an operand tile is loaded with other=-inf",
@@ -269,7 +273,7 @@ mistake("operand_other_inf", CODE, "an operand tile is loaded with other=-inf",
         "is NaN, which spreads to every score of the row. Operand tiles take other=0.0 (they then add "
         "nothing); -inf belongs on the scores, before the softmax, and +inf on the LSE of padded rows.",
         test=quoted_line(lambda c: re.search(r"other\s*=\s*(?:float\(\s*['\"]-inf|-\s*float\(\s*['\"]inf|-\s*math\.inf)", c)
-             is not None and "lse" not in c.lower()))
+             is not None and "lse" not in c.lower()), proof="slips/03/operand_other_inf")
 
 
 mistake("tile_transposed_at_load", CODE, "an operand tile is transposed at its load: [BLOCK_D, rows]",
@@ -279,20 +283,21 @@ mistake("tile_transposed_at_load", CODE, "an operand tile is transposed at its l
         "for every later line, and the products that take it as loaded multiply the wrong axes.",
         test=quoted_line(lambda c: re.match(
                  r"(?:q|k|v|do)\s*=\s*(?:tl\.trans\(\s*tl\.load\(|tl\.load\(.*offs_d\[\s*:\s*,\s*None\s*\])", c)
-             is not None))
+             is not None), proof="slips/03/tile_transposed_at_load")
 
 
 mistake("dot_acc_and_add", CODE, "`x += tl.dot(a, b, acc=x)` adds x twice",
         "tl.dot(a, b, acc=x) already returns x + a b. Assigned with +=, x is added once more: every step "
         "doubles what was summed before. Write one of the two: x += tl.dot(a, b) or x = tl.dot(a, b, acc=x).",
         test=quoted_line(lambda c: (m := re.match(r"(\w+)\s*\+=\s*tl\.dot\(", c)) is not None and
-             re.search(rf"acc\s*=\s*{m.group(1)}\b", c) is not None))
+             re.search(rf"acc\s*=\s*{m.group(1)}\b", c) is not None), proof="slips/04/dot_acc_and_add")
 
 
 @mistake("atomic_add_store", CODE, "an output is written with tl.atomic_add: it adds onto what the output held",
          "Each program owns its block of rows -- no other program writes them -- so a plain tl.store is "
          "right. tl.atomic_add adds the tile onto the output's old contents, and the launcher's output "
-         "is made with torch.empty: whatever memory it got comes through. Store it: tl.store(...).")
+         "is made with torch.empty: whatever memory it got comes through. Store it: tl.store(...).",
+         proof="slips/04/atomic_add_store")
 def _atomic_add_store(ctx):
     if any(r.nondeterministic for r in ctx.results):
         return None                  # results that change from run to run: programs share rows (race says it)
@@ -303,14 +308,16 @@ def _atomic_add_store(ctx):
 mistake("launch_call_syntax", CODE, "the kernel is called like a function: the grid goes in [ ]",
         "A @triton.jit kernel is launched as kernel[grid](arguments...): the grid in square brackets, then "
         "the arguments. kernel(grid) calls the Python function itself, with the grid as its first "
-        "argument.", test=quoted_line(lambda c: re.search(r"\w+\(\s*grid\s*\)\s*\(", c) is not None))
+        "argument.", test=quoted_line(lambda c: re.search(r"\w+\(\s*grid\s*\)\s*\(", c) is not None),
+        proof="slips/03/launch_call_syntax")
 
 
 mistake("arange_runtime_size", CODE, "tl.arange over a size that is not a power-of-two constexpr",
         "tl.arange(0, N) needs N to be a tl.constexpr and a power of two: the tile's width BLOCK_D (the "
         "head dim rounded up), not HEAD_DIM itself. The columns past HEAD_DIM are masked: "
         "d_ok = offs_d < HEAD_DIM.",
-        test=quoted_line(lambda c: re.search(r"tl\.arange\(\s*0\s*,\s*(?:HEAD_DIM|D|S_q|S_k|head_dim)\s*\)", c) is not None))
+        test=quoted_line(lambda c: re.search(r"tl\.arange\(\s*0\s*,\s*(?:HEAD_DIM|D|S_q|S_k|head_dim)\s*\)", c) is not None),
+        proof="slips/03/arange_runtime_size")
 
 
 def _kernel_early_return(src: str):
@@ -330,7 +337,7 @@ def _kernel_early_return(src: str):
 @mistake("early_return", CODE, "the kernel returns before its store: those rows stay unwritten",
          "A program that returns early writes nothing, and the launcher's output came from torch.empty: "
          "whatever memory it got stays there. A block with no work still owns its output rows -- let "
-         "its loop run zero times and store the zeros.")
+         "its loop run zero times and store the zeros.", proof="slips/04/early_return")
 def _early_return(ctx):
     # (a return that skips rows past the end -- a program with nothing to own -- is harmless: only
     # outputs left holding the checker's poison make it the cause)
@@ -344,7 +351,8 @@ mistake("dq_keys_from_diagonal", CODE, "the dQ kernel's key loop starts at the q
         "A query row sees keys 0 ... i (causal) or every key: the dQ kernel's loop starts at key 0 and, "
         "under causal, ends after the diagonal block. Starting at the query block's own position is the "
         "dK/dV kernel's loop (queries from the key block on), copied the other way round.",
-        test=quoted_line(lambda c: re.search(r"for\s+\w+\s+in\s+range\(\s*(?:pid_m|start_m|m_start)\b", c) is not None))
+        test=quoted_line(lambda c: re.search(r"for\s+\w+\s+in\s+range\(\s*(?:pid_m|start_m|m_start)\b", c) is not None),
+        proof="slips/03/dq_keys_from_diagonal")
 
 
 mistake("loop_stops_before_partial_block", CODE, "the loop stops before the partial last block",
@@ -352,7 +360,7 @@ mistake("loop_stops_before_partial_block", CODE, "the loop stops before the part
         "of BLOCK) is never visited, and its keys (or rows) never counted. Loop to the end -- range(0, S, "
         "BLOCK) -- and let the masks take care of the positions past it.",
         test=quoted_line(lambda c: not SWITCH.search(c) and re.search(r"range\([^,()]+,\s*[\w.]+\s*-\s*(?:BLOCK_\w+|block_\w+)\s*\+\s*1\s*,", c)
-             is not None))
+             is not None), proof="slips/03/loop_stops_before_partial_block")
 
 
 mistake("offset_from_length", CODE, "a base pointer is offset by a length, not by the tensor's strides",
@@ -360,7 +368,7 @@ mistake("offset_from_length", CODE, "a base pointer is offset by a length, not b
         "block. The ones handed in may be padded or strided (a slice of a bigger buffer): offset each by "
         "b * stride_b + h * stride_h, the strides the launcher passes, and step rows by stride_s.",
         test=quoted_line(lambda c: re.search(r"\w*(?:base|ptrs?)\w*\s*=\s*[A-Z_]+\s*\+\s*[\w.()]+\s*\*\s*(?:S_q|S_k|N_CTX|SEQ\w*)\b",
-             c) is not None))
+             c) is not None), proof="slips/03/offset_from_length")
 
 
 mistake("kernel_mask_bottom_right", CODE, "the causal mask is aligned bottom-right (shifted by S_k - S_q)",
@@ -368,11 +376,13 @@ mistake("kernel_mask_bottom_right", CODE, "the causal mask is aligned bottom-rig
         "(as SDPA's is_causal). Shifting it by S_k - S_q is FlashAttention's bottom-right alignment: the "
         "same where S_q = S_k, another mask everywhere else.",
         test=quoted_line(lambda c: not SWITCH.search(c) and re.search(r"offs_\w+", c) is not None and
-             re.search(r"\bS_k\s*-\s*S_q\b|\bS_q\s*-\s*S_k\b", c) is not None))
+             re.search(r"\bS_k\s*-\s*S_q\b|\bS_q\s*-\s*S_k\b", c) is not None),
+        proof="slips/03/kernel_mask_bottom_right")
 
 
 mistake("group_loop_from_one", CODE, "the loop over a group's query heads counts from 1",
         "The query heads of kv head h_kv are h_kv * GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1: "
         "range(GROUP_SIZE). range(1, GROUP_SIZE + 1) skips the group's first head and reads the next "
         "group's first (past the last head for the last group).",
-        test=quoted_line(lambda c: re.search(r"range\(\s*1\s*,\s*\w*(?:GROUP|group)\w*\s*\+\s*1\s*\)", c) is not None))
+        test=quoted_line(lambda c: re.search(r"range\(\s*1\s*,\s*\w*(?:GROUP|group)\w*\s*\+\s*1\s*\)", c) is not None),
+        proof="slips/04/group_loop_from_one")

@@ -23,7 +23,7 @@ from ..source import (SWITCH, code_lines, first_found, first_line, shape_unpacke
          "return a new value, which must be assigned (mask = mask & cond, S = S.masked_fill(...)) -- "
          "and used: a tensor masked after what depends on it was computed (P built from S, then S "
          "masked) leaves that result unmasked. Only the methods ending in _ (masked_fill_, mul_) "
-         "change a tensor in place.")
+         "change a tensor in place.", proof="slips/03/discarded_value")
 def _discarded_value(ctx):
     lines = unused_assignments(ctx)
     if not lines:
@@ -55,7 +55,7 @@ mistake("length_from_head_dim", CODE, "a sequence length is read from the last a
         "q, k, v are [B, H, S, D]: the last axis is D, the head dimension, and the sequence length "
         "is shape[2] (or shape[-2]; shape[0] of lesson 07's [L, D]). A loop bound or mask from "
         "shape[-1] visits D keys or rows: it drops some when S > D, and runs past the end when S < D.",
-        test=quoted_line(_LENGTH_FROM_D.search))
+        test=quoted_line(_LENGTH_FROM_D.search), proof="slips/02o/length_from_head_dim")
 
 
 _ARANGE = re.compile(r"\b(\w+)\s*=\s*torch\.arange\(\s*(?:0\s*,|[^,()=]+(?:\([^()]*\))?\s*(?:\)|,\s*\w+\s*=))")
@@ -75,7 +75,7 @@ def _zero_divisions(src: str) -> list:
 @mistake("divide_by_index", CODE, "a division by a position that starts at 0",
          "torch.arange(L) starts at 0: dividing by it gives inf (or 0 / 0 = NaN) in row 0 and "
          "divides every other row by one less than meant. The lesson's 1 / (i + 1) counts the keys "
-         "row i sees (0 ... i): divide by i + 1.")
+         "row i sees (0 ... i): divide by i + 1.", proof="slips/07/divide_by_index")
 def _divide_by_index(ctx):
     if not ctx.failing:        # row 0's inf need not reach the outputs (a gate's P + c > 0 holds)
         return None
@@ -104,7 +104,7 @@ mistake("augmented_precedence", CODE, "`x *= a + b` multiplies x by the whole su
         "An augmented assignment applies its operator to everything on the right: acc *= alpha + p @ v "
         "is acc = acc * (alpha + p @ v), not acc = acc * alpha + p @ v. An accumulator that starts at 0 "
         "stays 0. Write the update out: acc = acc * alpha + p @ v.",
-        test=quoted_line(_augmented_sum, show=("tensors",)))
+        test=quoted_line(_augmented_sum, show=("tensors",)), proof="slips/02o/augmented_precedence")
 
 
 def _positions_times_block(src: str):
@@ -119,7 +119,8 @@ def _positions_times_block(src: str):
 @mistake("positions_times_block", CODE, "a loop variable that already counts positions is multiplied by the block size",
          "range(start, end, BLOCK) steps by BLOCK: the loop variable is already the first position of "
          "its block (0, BLOCK, 2 BLOCK, ...). Multiplied by BLOCK again, the second block starts at "
-         "BLOCK^2 -- past the end, masked away. Use it as it is: offs = start_n + tl.arange(0, BLOCK_N).")
+         "BLOCK^2 -- past the end, masked away. Use it as it is: offs = start_n + tl.arange(0, BLOCK_N).",
+         proof="slips/03/positions_times_block")
 def _positions_times_block_test(ctx):
     _, line = first_found(ctx, _positions_times_block) if ctx.failing else (None, None)
     return f"`{line}`; {ctx.case_pattern()}" if line else None
@@ -139,7 +140,7 @@ def _return_in_loop(src: str):
 @mistake("return_in_loop", CODE, "a return inside the loop: the function returns after the first pass",
          "The return sits in the loop's body (indented one level too deep), so the first iteration "
          "returns and every later one -- the other sequences, blocks or heads -- never runs. Put the "
-         "return after the loop, at the function's own level.")
+         "return after the loop, at the function's own level.", proof="slips/09b/return_in_loop")
 def _return_in_loop_test(ctx):
     _, header = first_found(ctx, _return_in_loop) if ctx.failing else (None, None)
     return f"`{header}` holds a return; {ctx.case_pattern()}" if header else None
@@ -152,7 +153,7 @@ _HEADS_FROM_D = re.compile(r"^\s*(?:\w+\s*,\s*)*(H|H_q|H_kv|n_?heads|num_heads|h
 mistake("heads_from_head_dim", CODE, "the number of heads is read from the last axis, the head dim",
         "The head count is shape[1] -- of [B, H, S, D] and of a packed [total, H, D] alike; the last "
         "axis is D, the head dimension. Every per-head tensor drawn or allocated with that count gets D "
-        "heads.", test=quoted_line(_HEADS_FROM_D.search))
+        "heads.", test=quoted_line(_HEADS_FROM_D.search), proof="slips/09b/heads_from_head_dim")
 
 
 def _same_argument_twice(ctx):
@@ -178,7 +179,7 @@ def _same_argument_twice(ctx):
 
 @mistake("same_argument_twice", CODE, "one argument is passed for two parameters",
          "The call hands the same expression to two parameters (a copied argument not fully changed?): "
-         "each parameter gets its own tensor, sliced its own way.")
+         "each parameter gets its own tensor, sliced its own way.", proof="slips/09b/same_argument_twice")
 def _same_argument(ctx):
     found = _same_argument_twice(ctx) if ctx.failing else None
     if not found:
@@ -199,14 +200,15 @@ mistake("p_filled_neg_inf", CODE, "P is filled with -inf after the exponential: 
         "-inf belongs on the *scores*, before the exponential: exp(-inf) = 0. After it, P itself is "
         "the weight, and a hidden entry's weight is 0: where the mask is False, fill 0.0. -inf in P "
         "turns every product it enters into -inf or NaN.",
-        test=quoted_line(lambda c: _FILL_NEG_INF.search(c) or _P_FILLED.search(c), show=("tensors",)))
+        test=quoted_line(lambda c: _FILL_NEG_INF.search(c) or _P_FILLED.search(c), show=("tensors",)),
+        proof="slips/04/p_filled_neg_inf")
 
 
 mistake("shape_unpack_order", CODE, "the shape is unpacked in another order than the tensor's axes",
         "q, k, v are [B, H, S, D]: batch, heads, sequence, head dim. `B, S_q, H, D = q.shape` reads the "
         "heads into S_q and the sequence into H: every size after it (the masks, the positions, the "
         "buffers) is built from the other length. Unpack in the axes' order: B, H, S_q, D = q.shape.",
-        test=quoted_line(shape_unpacked_out_of_order))
+        test=quoted_line(shape_unpacked_out_of_order), proof="slips/02o/shape_unpack_order")
 
 
 def _bitwise_before_comparison(line: str) -> bool:
@@ -221,14 +223,15 @@ mistake("bitwise_precedence", CODE, "`a & b <= c`: & binds before the comparison
         "In Python (and Triton) & and | bind more tightly than <, <=, ==: `visible & offs_n <= offs_m` is "
         "`(visible & offs_n) <= offs_m`, a bitwise and of a mask with positions, then compared. Put every "
         "comparison in parentheses: visible & (offs_n[None, :] <= offs_m[:, None]).",
-        test=quoted_line(_bitwise_before_comparison))
+        test=quoted_line(_bitwise_before_comparison), proof="slips/03/bitwise_precedence")
 
 
 mistake("invert_before_compare", CODE, "~ binds before the comparison: ~j < x is (~j) < x",
         "Python applies ~ to the name next to it before any comparison, and on integers ~j is -j - 1: "
         "~j < i - left compares -j - 1. Negate the whole comparison, ~(j < i - left), or write its "
         "opposite, j >= i - left.",
-        test=quoted_line(lambda c: re.search(r"~\s*[\w.\[\]]+\s*(?:<|>|<=|>=|==|!=)", c) is not None))
+        test=quoted_line(lambda c: re.search(r"~\s*[\w.\[\]]+\s*(?:<|>|<=|>=|==|!=)", c) is not None),
+        proof="slips/09m/invert_before_compare")
 
 
 mistake("where_swapped", CODE, "tl.where / torch.where with 0 where the kept value belongs",
@@ -236,7 +239,7 @@ mistake("where_swapped", CODE, "tl.where / torch.where with 0 where the kept val
         "visible entries and keeps the hidden ones. The kept value comes first: where(visible, p, 0.0).",
         test=quoted_line(lambda c: re.search(
                  r"where\(\s*[\w.\[\]:, ]*(?:visible|ok|seen|keep|valid|mask|causal)[\w.\[\]:, ]*,\s*0(?:\.0*)?\s*,", c)
-             is not None))
+             is not None), proof="slips/03/where_swapped")
 
 
 def _accumulation_after_loop(src: str):
@@ -264,7 +267,8 @@ def _accumulation_after_loop(src: str):
 @mistake("accumulation_after_loop", CODE, "an accumulation is placed after its loop, not in it: only the last round is added",
          "`dk += ...` right after the loop, reading a tile the loop computes, runs once, after the loop has "
          "finished: it adds the last round's term only (and where the loop ran no times, the tile does not "
-         "exist). A sum over the loop's rounds belongs in the loop's body: indent it.")
+         "exist). A sum over the loop's rounds belongs in the loop's body: indent it.",
+         proof="slips/04/accumulation_after_loop")
 def _accumulation_after_loop_test(ctx):
     _, line = first_found(ctx, _accumulation_after_loop)
     return f"`{line}`; {ctx.case_pattern()}" if line else None
@@ -284,7 +288,7 @@ def _chained_tuple(src: str):
 @mistake("chained_tuple_assignment", CODE, "`a = b = x, y` gives both names the whole tuple",
          "A chained assignment hands the same value to every target: ctx.causal = ctx.scale = causal, scale "
          "sets both to the tuple (causal, scale). Unpacking needs commas on the left: "
-         "ctx.causal, ctx.scale = causal, scale.")
+         "ctx.causal, ctx.scale = causal, scale.", proof="slips/05/chained_tuple_assignment")
 def _chained_tuple_test(ctx):
     _, line = first_found(ctx, _chained_tuple)
     return f"`{line}`; {ctx.case_pattern()}" if line else None
@@ -301,4 +305,4 @@ mistake("lengths_swapped_in_call", CODE, "S_k and S_q are passed the other way r
         "their result is [S_q, S_k], a row per query. Swapped, the mask is [S_k, S_q] -- the same when "
         "S_q = S_k, so square cases pass -- and meets the scores only by accident elsewhere.",
         test=quoted_line(lambda c: not SWITCH.search(c) and re.search(rf"causal_mask\(\s*{_SK}\s*,\s*{_SQ}(?!\w)|dropout_mask\([^,()]+,[^,()]+,\s*{_SK}\s*,"
-             rf"\s*{_SQ}(?!\w)", c) is not None))
+             rf"\s*{_SQ}(?!\w)", c) is not None), proof="slips/01/lengths_swapped_in_call")

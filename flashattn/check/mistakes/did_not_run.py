@@ -37,7 +37,7 @@ def _launched_kernels(results: list, fn) -> list:
          "tl.zeros in fp32 anyway, so the values pass there; on a GPU the loop does not "
          "compile (tl.dot returns fp32, which changes the carried variable's type), and "
          "summed in fp16 the gradient would lose its low digits. Make it tl.zeros(..., "
-         "dtype=tl.float32).", when_passing=True)
+         "dtype=tl.float32).", when_passing=True, proof="slips/04/accumulator_precision")
 def _accumulator_precision(ctx):
     """A kernel whose values passed, but whose accumulators (``tl.zeros`` outside the loop) take a
     16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
@@ -67,7 +67,8 @@ def _accumulator_precision(ctx):
 
 @mistake("not_implemented", DID_NOT_RUN, "not written yet",
          "Your code still raises NotImplementedError: replace the `raise NotImplementedError()` line "
-         "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.")
+         "(the `# YOUR CODE HERE` block) with your implementation, re-run that cell, then this one.",
+         proof="example/attention_backward/unwritten_backward")
 def _not_implemented(ctx):
     first = first_raised(ctx, Unwritten)
     if first is None:
@@ -81,7 +82,8 @@ def _not_implemented(ctx):
          "Lesson 05 wires the *kernels* into autograd: backward calls attention_backward_delta, "
          "attention_backward_dq and attention_backward_dkdv on what forward saved. Yours got the "
          "gradients without launching one (PyTorch's autograd on a recomputed softmax?): the values "
-         "are right, but that backward builds the S_q x S_k matrices the kernels exist to avoid.")
+         "are right, but that backward builds the S_q x S_k matrices the kernels exist to avoid.",
+         proof="example/autograd_function/autograd_without_kernels")
 def _no_backward_kernel(ctx):
     hits = errors_raised(ctx, NoBackwardKernel)
     if not hits:
@@ -95,7 +97,8 @@ def _no_backward_kernel(ctx):
          "place before the backward runs -- a silently wrong gradient otherwise -- and frees them once "
          "the backward is done. A tensor put on ctx as an attribute (ctx.o = o) gets neither: an in-place "
          "change goes unnoticed, and ctx and the output keep each other alive until the garbage "
-         "collector runs. Plain values (causal, scale) are the ones that go on ctx as attributes.")
+         "collector runs. Plain values (causal, scale) are the ones that go on ctx as attributes.",
+         proof="example/autograd_function/o kept on ctx")
 def _ctx_attributes(ctx):
     hits = errors_raised(ctx, CtxTensors)
     if not hits:
@@ -106,7 +109,8 @@ def _ctx_attributes(ctx):
 
 @mistake("no_kernel", DID_NOT_RUN, "your launcher ran no kernel",
          "This checker checks a kernel: the launcher must launch it (kernel[grid](...)) and let it "
-         "write the outputs it was given. It computed them some other way (plain PyTorch?) or not at all.")
+         "write the outputs it was given. It computed them some other way (plain PyTorch?) or not at all.",
+         proof="example/dkdv_kernel/launch_dkdv_in_pytorch")
 def _no_kernel(ctx):
     counted = [r for r in ctx.results if r.launches is not None]
     if counted and all(r.launches == 0 for r in counted):
@@ -118,13 +122,13 @@ mistake("dq_from_dkdv", DID_NOT_RUN, "dQ is taken from the dK/dV function: its f
         "attention_backward_dkdv returns (dK, dV); attention_backward_dq returns dQ. Index [0] of the "
         "first is dK -- shaped like k, [B, H_kv, S_k, D] -- and equals dQ's shape only when S_q = S_k "
         "without GQA. Call attention_backward_dq for dQ.",
-        test=quoted_line(lambda c: re.match(r"dq\s*=.*dkdv\(", c) is not None))
+        test=quoted_line(lambda c: re.match(r"dq\s*=.*dkdv\(", c) is not None), proof="slips/05/dq_from_dkdv")
 
 
 @mistake("grad_order", DID_NOT_RUN, "gradients returned in the wrong order",
          "Return the gradients in the order of the inputs they belong to: (dq, dk, dv) for "
          "(q, k, v) -- and in an autograd.Function, one per input of forward, None for the "
-         "non-tensor ones.")
+         "non-tensor ones.", proof="slips/05/grad_order")
 def _grad_order(ctx):
     swapped = [r for r in ctx.results if r.swapped]
     if swapped:
@@ -157,7 +161,7 @@ _SHAPE = re.compile(r"[\[(](\d+(?:, ?\d+)+)[\])]")
          "A tensor with the LSE's shape [B, H, S_q] arrived where O [B, H, S_q, D] was expected, or the "
          "reverse. Two places can swap them: the forward's results (o, lse = attention_forward(...), "
          "in the order it returns them) and ctx.saved_tensors, which come back in the order "
-         "ctx.save_for_backward was given them.")
+         "ctx.save_for_backward was given them.", proof="slips/05/saved_order")
 def _saved_order(ctx):
     for r in ctx.results:
         if r.error is None:
@@ -175,7 +179,8 @@ def _saved_order(ctx):
 
 @mistake("dtype", DID_NOT_RUN, "an output has the wrong dtype",
          "Return each output in the dtype the exercise asks for: O like q (cast the fp32 "
-         "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.")
+         "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.",
+         proof="slips/09b/dtype")
 def _dtype(ctx):
     r = first_raised(ctx, DtypeError)
     if r is None:
@@ -193,13 +198,14 @@ def _dtype(ctx):
 mistake("input_detached", DID_NOT_RUN, "an input is detached before apply: no gradient reaches it",
         "x.detach() is a tensor cut off from the graph: autograd will not route a gradient back through "
         "it to x. apply already hands its forward the data; pass q, k, v as they are.",
-        test=quoted_line(lambda c: re.search(r"\.apply\([^)]*\.detach\(\)", c) is not None))
+        test=quoted_line(lambda c: re.search(r"\.apply\([^)]*\.detach\(\)", c) is not None),
+        proof="slips/05/input_detached")
 
 
 @mistake("none_gradient", DID_NOT_RUN, "a gradient came back None although its input requires grad",
          "backward returns None for an input only when ctx.needs_input_grad says it needs none. "
          "needs_input_grad is indexed like forward's inputs: 0 is q, 1 is k, 2 is v -- check which "
-         "index guards which gradient.")
+         "index guards which gradient.", proof="slips/05/none_gradient")
 def _none_gradient(ctx):
     r = first_raised(ctx, NoGradient)
     if r is None:
@@ -228,12 +234,12 @@ mistake("mask_made_float", DID_NOT_RUN, "the mask is made with torch.ones / torc
         "torch.ones(S_q, S_k) is float32: &= with a comparison (a bool tensor) raises, and a float "
         "mask is no mask to masked_fill or ~. Make it bool: torch.ones(S_q, S_k, dtype=torch.bool).",
         test=quoted_line(lambda c: re.match(r"(?:seen|mask|visible|keep)\w*\s*=\s*torch\.(?:ones|zeros)\((?![^)]*dtype)[^)]*\)\s*$",
-             c) is not None))
+             c) is not None), proof="slips/09m/mask_made_float")
 
 
 @mistake("shape", DID_NOT_RUN, "an output has the wrong shape or type",
          "Return tensors shaped like the reference: dQ like q, dK and dV like k and v, "
-         "P [B, H, S_q, S_k], LSE [B, H, S_q].")
+         "P [B, H, S_q, S_k], LSE [B, H, S_q].", proof="slips/01/shape")
 def _shape(ctx):
     r = first_raised(ctx, ShapeError)
     if r is None:

@@ -15,7 +15,8 @@ from ..structure import head_sets_idea
          "Head 0 (or batch 0) is right and the others are not, so some tensor's pointer is not moved "
          "to the right head: the head offset (h * that tensor's own head stride) is missing, uses "
          "another tensor's stride, or the wrong head index. Every tensor gets its own offset; the bug "
-         "hides when all tensors share one layout, which is why the cases mix layouts.")
+         "hides when all tensors share one layout, which is why the cases mix layouts.",
+         proof="planted/dq.no_do_head_offset")
 def _heads(ctx):
     seen = []
     for r, t in ctx.bad_tensors():
@@ -52,14 +53,15 @@ def _named_by_pattern(prop_ids, only=None, exact: bool = True):
 @mistake("default_scale_value", FALLBACK, "the default scale is wrong: only the call with scale=None fails",
          "When no scale is given, the softmax scale is 1 / sqrt(D), D = q.shape[-1]: a float division "
          "(1.0 / math.sqrt(D)). `//` floors it to 0, sqrt(D) without the 1 / inverts it, shape[-2] is a "
-         "length. Every call that passes its own scale is right, so the defaulting line is the place.")
+         "length. Every call that passes its own scale is right, so the defaulting line is the place.",
+         proof="slips/05/default_scale_value")
 def _default_scale_value(ctx):
     return _named_by_pattern(["scale_none"])(ctx)
 
 
 @mistake("default_scale", FALLBACK, "the scale you were given is not the one used",
          "Only the case with a custom scale fails: somewhere 1/sqrt(D) is used instead of the `scale` "
-         "argument (when rebuilding S, or for the factor in dQ / dK).")
+         "argument (when rebuilding S, or for the factor in dQ / dK).", proof="blind/r/R02p_default_scale")
 def _default_scale(ctx):
     evidence = _named_by_pattern(["custom_scale"])(ctx)
     if evidence is None:
@@ -75,7 +77,7 @@ def _default_scale(ctx):
 @mistake("dv_formula", FALLBACK, "only dV is wrong: dV = P^T dO, check its formula or a transpose",
          "dK and dQ need P too, and they are right, so P is right. dV = P^T dO: each key's row sums "
          "P[i, j] * dO[i] over the query rows i -- in a key-block program, the transposed tile P^T "
-         "times the dO tile.")
+         "times the dO tile.", proof="example/attention_backward/make_backward_lse(dv_mixed_rows)")
 def _dv_formula(ctx):
     if ctx.wrong_in("dV") and all(ctx.right_everywhere(n) for n in ("dK", "dQ") if n in ctx.names) \
             and any(n in ctx.names for n in ("dK", "dQ")):
@@ -85,7 +87,8 @@ def _dv_formula(ctx):
 
 @mistake("dq_formula", FALLBACK, "only dQ is wrong: dQ = dS K * scale",
          "dK and dV are right, so P and dS are right: what is left is dQ's own product -- dS times K "
-         "(not K^T, not dS^T), one factor of scale -- and where it is accumulated and stored.")
+         "(not K^T, not dS^T), one factor of scale -- and where it is accumulated and stored.",
+         proof="example/attention_backward/make_backward(dq_plus_q)")
 def _dq_formula(ctx):
     if ctx.wrong_in("dQ") and all(ctx.right_everywhere(n) for n in ("dK", "dV") if n in ctx.names) \
             and any(n in ctx.names for n in ("dK", "dV")):
@@ -96,7 +99,8 @@ def _dq_formula(ctx):
 @mistake("ds", FALLBACK, "dV is right but dK / dQ are wrong: delta or dS is wrong",
          "dV = P^T dO needs only P, so P is fine. dK and dQ go through dS = P * (dP - delta) with "
          "dP = dO V^T and delta = rowsum(dO * O) (one number per query row). Check dP, the "
-         "subtraction of delta and its broadcasting (one value per row).")
+         "subtraction of delta and its broadcasting (one value per row).",
+         proof="example/attention_backward/make_backward(dp_scaled)")
 def _ds(ctx):
     if "dV" in ctx.names and ctx.right_everywhere("dV") and \
             all(ctx.wrong_in(n) for n in ("dK", "dQ") if n in ctx.names) and \
@@ -113,7 +117,7 @@ def _ds(ctx):
 
 @mistake("lse_output", FALLBACK, "O is right but LSE is wrong",
          "LSE must be the natural log of the row's sum of exp(S): with the running maximum m and the "
-         "running sum l of exp(S - m), LSE = m + log(l).")
+         "running sum l of exp(S - m), LSE = m + log(l).", proof="example/online_softmax/make_online(lse_output)")
 def _lse_output(ctx):
     if "O" in ctx.names and ctx.right_everywhere("O") and ctx.wrong_in("LSE"):
         return ctx.tensor_pattern()
@@ -123,7 +127,7 @@ def _lse_output(ctx):
 @mistake("one_output", FALLBACK, "only one output is wrong, in every case: its own formula",
          "Every other output is right in every case, so everything they share (the inputs, P, dS, "
          "the masks) is right too: what is left is the formula of this one output, its operands, "
-         "its accumulation and its store.")
+         "its accumulation and its store.", proof="example/attention_backward/make_backward(dk_plus_k)")
 def _one_output(ctx):
     wrong = [n for n in ctx.names if ctx.wrong_in(n)]
     if len(ctx.names) > 1 and len(wrong) == 1 and len(ctx.wrong_in(wrong[0])) == len(ctx.results) and \
@@ -135,7 +139,8 @@ def _one_output(ctx):
 @mistake("causal_global_index", FALLBACK, "the causal mask compares positions inside the block, not global ones",
          "Wrong exactly where a causal mask meets several blocks: the mask must compare the global "
          "key position (the block's start plus the offset inside it) with the global query position. "
-         "Within the first block the two coincide, which is why one-block cases pass.")
+         "Within the first block the two coincide, which is why one-block cases pass.",
+         proof="planted/dq.causal_block_local")
 def _causal_global_index(ctx):
     p = ctx.pattern
     if p is None or not ctx.exact or not p.id.endswith("&causal"):
@@ -147,7 +152,8 @@ def _causal_global_index(ctx):
 mistake("mask_always", FALLBACK, "the causal mask is applied even when causal is False",
         "Exactly the cases *without* the causal mask fail, and every causal case passes: the mask "
         "is applied whatever the `causal` argument says (an `if causal:` missing, or a flag that "
-        "does not reach the code). Mask only when causal is True.", test=_named_by_pattern(["noncausal"]))
+        "does not reach the code). Mask only when causal is True.", test=_named_by_pattern(["noncausal"]),
+        proof="example/rebuild_p/make_rebuild_p(mask_always)")
 
 
 mistake("causal", FALLBACK, "only causal cases are wrong: the mask is on the wrong quantity or the wrong keys",
@@ -156,69 +162,75 @@ mistake("causal", FALLBACK, "only causal cases are wrong: the mask is on the wro
         "to 1 (only when P is rebuilt from the forward's LSE is zeroing it afterwards right). The "
         "loop bounds must still visit every visible key. Under a causal mask row 0 of dQ is zero "
         "(row 0 sees one key); if the function under test is your *reference*, test the test.",
-        test=_named_by_pattern(["causal"], exact=False))
+        test=_named_by_pattern(["causal"], exact=False),
+        proof="example/attention_backward/make_backward_lse(mask_three_ahead)")
 
 
 mistake("rescale", FALLBACK, "wrong only when the keys come in several blocks: running sums not rescaled",
         "When the running maximum grows from m_old to m_new, everything accumulated so far (the sum "
         "l and the output accumulator) must be multiplied by exp(m_old - m_new) before the new "
-        "block is added.", test=_named_by_pattern(["multi_block"], only=ONLINE))
+        "block is added.", test=_named_by_pattern(["multi_block"], only=ONLINE),
+        proof="example/online_softmax/make_online(rescale)")
 
 
 mistake("rows_bound", FALLBACK, "a bound or mask on the query rows uses S_k",
         "Wrong exactly where there are more query rows than keys: rows past S_k are never visited, "
         "or masked away, because a loop bound or a row mask uses S_k where S_q belongs.",
-        test=_named_by_pattern(["sq_gt_sk"], exact=False))
+        test=_named_by_pattern(["sq_gt_sk"], exact=False), proof="planted/dkdv.query_loop_to_S_k")
 
 
 mistake("keys_bound", FALLBACK, "a bound or mask on the keys uses S_q",
         "Wrong exactly where there are more keys than query rows: keys past S_q are never visited, "
         "or masked away, because a loop bound or a key mask uses S_q where S_k belongs.",
-        test=_named_by_pattern(["sq_lt_sk"], exact=False))
+        test=_named_by_pattern(["sq_lt_sk"], exact=False), proof="planted/dq.key_loop_to_S_q")
 
 
 mistake("lengths_mixed", FALLBACK, "S_q and S_k are mixed up somewhere",
         "Wrong only where S_q != S_k: a bound, mask or shape uses one length for the other.",
-        test=_named_by_pattern(["sq_ne_sk"]))
+        test=_named_by_pattern(["sq_ne_sk"]), proof="example/attention_backward/make_backward_lse(lengths_mixed)")
 
 
 mistake("query_blocks", FALLBACK, "wrong only where S_q spans several query blocks: the loop over query blocks",
         "A key-block program must visit every query block that sees its keys and add up their "
         "contributions: each iteration loads the block it steps to (offsets from the loop variable, "
         "not from the program id) and adds (+=) into dK, dV, stored once after the loop.",
-        test=_named_by_pattern(["multi_q*"]))
+        test=_named_by_pattern(["multi_q*"]), proof="planted/dkdv.same_query_tile")
 
 
 mistake("key_blocks", FALLBACK, "wrong only where S_k spans several key blocks: the loop over key blocks",
         "A query-block program must visit every key block its rows see and add up their "
         "contributions: each iteration loads the key block it steps to and adds (+=) into dQ, "
         "stored once after the loop. (Under a causal mask the early query blocks see one key block "
-        "only, which is why some of these cases may pass.)", test=_named_by_pattern(["multi_k*"], exact=False))
+        "only, which is why some of these cases may pass.)", test=_named_by_pattern(["multi_k*"], exact=False),
+        proof="planted/dq.same_key_tile")
 
 
 mistake("padding", FALLBACK, "only lengths that are not block multiples are wrong: the partial last block",
         "Rows and keys past S_q / S_k must be masked in every load and get P = 0, and the loops "
-        "and the grid must cover the partial last block.", test=_named_by_pattern(["ragged*"], exact=False))
+        "and the grid must cover the partial last block.", test=_named_by_pattern(["ragged*"], exact=False),
+        proof="planted/dq.partial_key_block_skipped")
 
 
 mistake("do_strides", FALLBACK, "only the cases with an unusual dO are wrong: dO's own strides",
         "dO arrives as autograd makes it: contiguous, a strided view, or one number expanded to the "
         "whole shape (every stride 0, after out.sum()). Offset dO with its own four strides, "
         "never assume it is contiguous, never copy another tensor's strides.",
-        test=_named_by_pattern(["do_stride0", "do_strided"]))
+        test=_named_by_pattern(["do_stride0", "do_strided"]),
+        proof="example/autograd_function/make_function(do_strided_only)")
 
 
 mistake("strides", FALLBACK, "only non-contiguous inputs are wrong: offsets computed from shapes, not strides",
         "Contiguous inputs pass, strided ones (transposed [B, S, H, D] views, slices) fail. Pass "
         "every tensor's own .stride() to the kernel and use it for every offset, including the last "
-        "dimension's stride.", test=_named_by_pattern(["strided", "qkv_strided"], exact=False))
+        "dimension's stride.", test=_named_by_pattern(["strided", "qkv_strided"], exact=False),
+        proof="example/attention_backward/wrong_for_strided_inputs")
 
 
 @mistake("first_block_only", FALLBACK, "only the first block of rows (keys) is right",
          "Every wrong output is right in its first block of rows (of keys, for dK and dV) and wrong "
          "after it: the later blocks are reached with the wrong offsets (the block's start from the "
          "program id or the loop variable, times the block size, times the row stride), or are not "
-         "visited, or receive the first block's values.")
+         "visited, or receive the first block's values.", proof="example/attention_backward/later_blocks_off")
 def _first_block_only(ctx):
     seen = []
     for r in ctx.failing:
@@ -283,7 +295,7 @@ def seen_facts(ctx, limit: int = 3) -> str:
 
 
 @mistake("everything_wrong", FALLBACK, "every case and every head is wrong, with no known pattern",
-         _EVERYTHING_IDEA)
+         _EVERYTHING_IDEA, proof="planted/dq.count_trips")
 def _everything_wrong(ctx):
     if ctx.failing and len(ctx.failing) == len(ctx.results) and \
             all(not bool(t.heads_ok.any()) for r in ctx.failing for t in r.bad()):
@@ -296,7 +308,8 @@ def _everything_wrong(ctx):
 
 # after every mistake that names a line: some GQA cases fail, and the summed heads say which map
 @mistake("gqa_head_map", FALLBACK, "a head index is wrong under grouped-query attention",
-         "With GQA, the dK/dV program of K/V head h_kv adds up the query heads of its group.")
+         "With GQA, the dK/dV program of K/V head h_kv adds up the query heads of its group.",
+         proof="slips/04/gqa_head_map")
 def _gqa_head_map(ctx):
     """Some of the GQA cases fail, not all (a map that agrees with the right one where H_kv = 1), and
     no earlier mistake named a line: the query heads dK and dV summed say which map it was."""
@@ -312,7 +325,8 @@ def _gqa_head_map(ctx):
 
 @mistake("pattern", FALLBACK, "no classic mistake fits; here is the pattern that was seen",
          "Compare the failing and the passing cases in the table: what do the failing ones share, "
-         "which outputs are wrong, and in which rows?")
+         "which outputs are wrong, and in which rows?",
+         proof="example/attention_backward/make_backward_lse(some_cases)")
 def _pattern(ctx):
     if not ctx.failing:
         return None

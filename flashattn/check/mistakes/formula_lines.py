@@ -31,7 +31,8 @@ mistake("scale_divides", FORMULA_LINE, "the scores are divided by the scale",
         "The scale already is 1/sqrt(D): S = Q K^T * scale. Dividing by it multiplies the scores by "
         "sqrt(D) instead, scale^2 = 1/D times too large -- large enough that exp overflows to inf "
         "and then NaN. (Dividing by sqrt(D) is the same as multiplying by the scale, and fine.)",
-        test=quoted_line(lambda c: _DIVIDES.search(c) and _SCORES.search(c), show=("tensors",)))
+        test=quoted_line(lambda c: _DIVIDES.search(c) and _SCORES.search(c), show=("tensors",)),
+        proof="slips/02p/scale_divides")
 
 
 _ON_LSE = re.compile(r"-\s*\w*lse\w*(?:\[[^\]]*\])?\s*\)\s*\*\s*(?:ctx\.)?scale\b|"
@@ -42,7 +43,7 @@ mistake("scale_on_lse", FORMULA_LINE, "the scale multiplies the LSE too",
         "P = exp(S * scale - LSE): the LSE was computed from the *scaled* scores, so it is "
         "subtracted as it is. (S - LSE) * scale scales the LSE a second time, and every rebuilt "
         "probability is off by a factor exp(LSE * (1 - scale)) that differs from row to row.",
-        test=quoted_line(_ON_LSE.search, show=("tensors",)))
+        test=quoted_line(_ON_LSE.search, show=("tensors",)), proof="slips/09b/scale_on_lse")
 
 
 _SOFTMAX_NO_DIM = re.compile(r"\b(?:functional|F)\.(?:log_)?softmax\(\s*[^,()]*(?:\([^()]*\)[^,()]*)*\)|"
@@ -53,7 +54,7 @@ mistake("softmax_no_dim", FORMULA_LINE, "softmax is called without dim",
         "F.softmax(x) with no dim lets PyTorch pick one (a deprecated implicit choice, with a "
         "warning): dim=1 for a 4-D [B, H, S_q, S_k] tensor, the heads, and 0 for 0-, 1- and 3-D "
         "ones. The softmax of attention runs over the keys, the last axis: dim=-1.",
-        test=quoted_line(_SOFTMAX_NO_DIM.search, show=("tensors",)))
+        test=quoted_line(_SOFTMAX_NO_DIM.search, show=("tensors",)), proof="slips/01/softmax_no_dim")
 
 
 _QUERY_NAMES = re.compile(r"^(offs_m|rows?|i|qi|q_idx|queries|q_pos|m_idx)$")
@@ -110,7 +111,7 @@ def _strict_causal(src: str):
 @mistake("causal_strict", FORMULA_LINE, "the causal mask leaves out the diagonal: a query does not see its own key",
          "Causal attention lets query i see keys j <= i -- its own position included. Seen keys are "
          "j <= i (hidden ones j > i); with j < i (or j >= i hidden) the diagonal is masked too: each "
-         "row loses its own key, and the first row sees nothing at all.")
+         "row loses its own key, and the first row sees nothing at all.", proof="slips/07/causal_strict")
 def _causal_strict(ctx):
     if not ctx.failing or not all(getattr(r.case, "causal", True) for r in ctx.failing):
         return None
@@ -130,7 +131,8 @@ mistake("delta_axis", FORMULA_LINE, "delta is summed over the wrong axis",
         "delta has one number per query row: delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id, a sum "
         "along the last axis (keys, or the head dim) -- sum(-1, keepdim=True). Summed over axis -2 "
         "(the query rows) it holds a number per column instead, and dS = P * (dP - delta) subtracts "
-        "the wrong value from every entry.", test=quoted_line(_DELTA_SUM.search, show=("tensors",)))
+        "the wrong value from every entry.", test=quoted_line(_DELTA_SUM.search, show=("tensors",)),
+        proof="slips/07/delta_axis")
 
 
 def _block_numbers_as_positions(src: str):
@@ -161,7 +163,8 @@ def _block_numbers_as_positions(src: str):
          "range(S // block) yields block numbers 0, 1, 2, ...; a slice [j : j + block] takes them as key "
          "positions, so the blocks overlap (keys 0-15, 1-16, ...) and most keys are never visited. "
          "Loop over positions -- for start in range(0, S, block) -- or turn the number into one "
-         "(start = j * block). And // drops a partial last block: range(0, S, block) keeps it.")
+         "(start = j * block). And // drops a partial last block: range(0, S, block) keeps it.",
+         proof="slips/02o/block_numbers_as_positions")
 def _block_numbers(ctx):
     if not ctx.failing:
         return None
@@ -179,7 +182,7 @@ _LITERAL = re.compile(r"^(True|False|None|-?\d+(?:\.\d*)?)$")
          "The wrapper's arguments reach the kernels only through Function.apply(...): a constant "
          "there (False for causal, 1.0 for scale) ignores what the caller asked for, so every call "
          "that asks for something else is computed as the constant says. Pass the wrapper's own "
-         "argument on.")
+         "argument on.", proof="slips/05/apply_constant")
 def _apply_constant(ctx):
     if not ctx.failing:
         return None
@@ -223,7 +226,7 @@ def _idle_loops(src: str) -> list:
          "A loop over blocks moves to its block through the loop variable: offsets = start + "
          "tl.arange(0, BLOCK) (or a slice start : start + block). Where the body never reads the "
          "variable, every iteration loads the first block again: the others are never seen and the "
-         "first is counted once per iteration.")
+         "first is counted once per iteration.", proof="slips/03/loop_variable_unused")
 def _loop_variable_unused(ctx):
     if not ctx.failing:
         return None
@@ -241,7 +244,8 @@ mistake("group_head_index", FORMULA_LINE, "the query heads of a group are number
         "Under GQA, K/V head h_kv serves GROUP_SIZE = H // H_kv query heads, numbered h_kv * "
         "GROUP_SIZE + g for g = 0 ... GROUP_SIZE - 1. h_kv + g makes the groups overlap (K/V head 1 "
         "would take query heads 1 and 2 instead of 2 and 3); without GQA (GROUP_SIZE = 1) it happens "
-        "to be right.", test=quoted_line(_GROUP_HEAD.match, show=("case", "tensors")))
+        "to be right.", test=quoted_line(_GROUP_HEAD.match, show=("case", "tensors")),
+        proof="slips/04/group_head_index")
 
 
 _KEY_VECTORS = r"(?:col_ok|offs_n|cols?)"
@@ -280,7 +284,7 @@ def _mask_axes(src: str, checker):
          "has the queries as rows (row_ok[:, None], offs_m[:, None]) and the keys as columns; the "
          "dK/dV kernel's S^T = K Q^T the other way round (col_ok[:, None], row_ok[None, :]). Swapped, "
          "the padded rows are not hidden and real ones are, at the edges only -- so only lengths "
-         "that are not block multiples fail.")
+         "that are not block multiples fail.", proof="slips/04/mask_axes")
 def _mask_axes_test(ctx):
     if not ctx.failing:
         return None

@@ -61,7 +61,7 @@ def _named(value, case, exclude: str = "") -> str:
          "The launch's arguments fill the kernel's parameters in order: compare them one by one with "
          "the kernel's signature (a value passed twice, two swapped, or one left out shifts every "
          "later one). Each number must be the quantity the kernel's code assumes: H the query heads, "
-         "H_KV the K/V heads, GROUP_SIZE = H // H_kv, S_q and S_k, HEAD_DIM = D.")
+         "H_KV the K/V heads, GROUP_SIZE = H // H_kv, S_q and S_k, HEAD_DIM = D.", proof="slips/03/launch_value")
 def _launch_value(ctx):
     # the mismatches must account for every failing case (a passing case may have one by luck:
     # H_KV = H reads the right heads while B = 1 and the tensors are contiguous)
@@ -124,7 +124,7 @@ def _wrong_tensors(r) -> list:
          "The launch's tensors fill the kernel's pointer parameters in order: compare the call with "
          "the kernel's signature, position by position. Two tensors in each other's place (LSE and "
          "delta, K and V, dK and dV) or one passed twice run without an error -- they are all "
-         "pointers -- and the kernel reads or writes the wrong memory.")
+         "pointers -- and the kernel reads or writes the wrong memory.", proof="slips/03/launch_tensor")
 def _launch_tensor(ctx):
     found = _in_every_failing_run(ctx, _wrong_tensors)
     if found is None:
@@ -177,7 +177,7 @@ def _swapped_grid(r, checker):
          "tl.program_id(1), so the grid must list them in that order: (number of row blocks, "
          "B * heads). Swapped, programs get a block index that runs up to B * heads (rows far past "
          "the end, masked or out of bounds) and a head index that stops at the block count (heads "
-         "never written).")
+         "never written).", proof="slips/03/grid_axes")
 def _grid_axes(ctx):
     for r in ctx.failing:
         hit = _swapped_grid(r, ctx.checker)
@@ -218,7 +218,7 @@ def _grid_short_in(r, checker):
          "The grid is (row blocks, B * heads): one program per block of rows (cdiv of the length by the "
          "kernel's own block size) for every (batch, head) pair, the kernel taking b = pid // heads and "
          "h = pid % heads. With fewer programs the rows or batch elements that no program owns keep "
-         "whatever the output held.")
+         "whatever the output held.", proof="slips/03/grid_short")
 def _grid_short(ctx):
     for r in ctx.failing:
         hit = _grid_short_in(r, ctx.checker)
@@ -243,7 +243,7 @@ def _rows_written(t) -> int:
 @mistake("block_offset_step", LAUNCH, "the programs' rows overlap: a block's first row is its program id, not id * BLOCK",
          "Program p owns rows p * BLOCK ... p * BLOCK + BLOCK - 1: offs = pid * BLOCK + tl.arange(0, BLOCK). "
          "Without the * BLOCK the programs start one row apart, so their blocks overlap and the rows past "
-         "(programs + BLOCK - 1) are never written.")
+         "(programs + BLOCK - 1) are never written.", proof="slips/03/block_offset_step")
 def _block_offset_step(ctx):
     block = "BLOCK_M" if ctx.checker is DQ else "BLOCK_N"
     for r in ctx.failing:
@@ -266,7 +266,8 @@ _PROGRAM_AXIS = re.compile(r"program_id\(\s*(?:axis\s*=\s*)?(\d)\s*\)")
 @mistake("grid_missing_axis", LAUNCH, "the grid has fewer axes than the kernel's tl.program_id reads",
          "tl.program_id(axis) is 0 on every axis the grid does not have: a kernel that takes its "
          "(batch, head) from program_id(1) needs a two-axis grid, (row blocks, B * heads). Flattened "
-         "into one axis, every program computes batch 0, head 0, and the rest is never written.")
+         "into one axis, every program computes batch 0, head 0, and the rest is never written.",
+         proof="slips/04/grid_missing_axis")
 def _grid_missing_axis(ctx):
     for r in ctx.failing:
         for launch in r.launch_args or ():
@@ -305,7 +306,7 @@ def _copies_with_old_strides(r) -> list:
          "q.contiguous() (or .float(), .clone()) is a new tensor with strides of its own: where the input "
          "was not contiguous they differ from q.stride(). The kernel walks the copy with the strides it is "
          "given, so pass the strides of the tensor you pass: make the copy first (q = q.contiguous()), "
-         "then launch with q and *q.stride().")
+         "then launch with q and *q.stride().", proof="slips/03/copy_strides")
 def _copy_strides(ctx):
     ran = [r for r in ctx.failing if r.error is None]
     found = {id(r): _copies_with_old_strides(r) for r in ran}
@@ -326,7 +327,8 @@ def _outputs_copied(r) -> list:
 @mistake("output_copy", LAUNCH, "the kernel writes into a copy of the output, not into the output handed in",
          "dq.contiguous() (like .clone(), .float(), .to(...)) is a new tensor wherever dq is not already "
          "contiguous: the kernel fills the copy, and the dq the caller holds keeps its old contents. Pass "
-         "the output itself with its own strides (*dq.stride()): the kernel can write any layout.")
+         "the output itself with its own strides (*dq.stride()): the kernel can write any layout.",
+         proof="slips/03/output_copy")
 def _output_copy(ctx):
     found = _in_every_failing_run(ctx, _outputs_copied)
     if found is None or any(_outputs_copied(r) for r in ctx.results if r.ok):
@@ -362,7 +364,7 @@ def _borrowed_strides(r) -> list:
 @mistake("borrowed_strides", LAUNCH, "a tensor is launched with another tensor's strides",
          "Each tensor's stride parameters must get that tensor's own .stride(): *dk.stride() for dK, "
          "*dv.stride() for dV. Two tensors laid out alike hide the slip (their strides are equal), which "
-         "is why one case hands them in different layouts.")
+         "is why one case hands them in different layouts.", proof="slips/04/borrowed_strides")
 def _borrowed_strides_test(ctx):
     found = _in_every_failing_run(ctx, _borrowed_strides)
     if found is None:
@@ -378,7 +380,8 @@ def _borrowed_strides_test(ctx):
          "illegal memory access, or silent corruption of something else). "
          "The address is far off, not one block too far: the batch and head decoded from the program "
          "id the wrong way round, two strides swapped, a head count or a grid larger than the tensors "
-         "(H_kv passed where H belongs), or an offset built from the wrong length.")
+         "(H_kv passed where H belongs), or an offset built from the wrong length.",
+         proof="planted/dq.batch_head_swapped")
 def _wild_access(ctx):
     hits = [r for r in ctx.results if r.wild]
     if not hits:

@@ -71,20 +71,21 @@ mistake("row_mask_length", MEMORY, "the query rows are bounded by S_k: a row mas
         "bounded by S_k where S_q belongs. Query rows -- Q, dO, LSE, delta, dQ, O -- are masked "
         "with `rows < S_q`, keys -- K, V, dK, dV -- with `keys < S_k`. Where S_q < S_k the same "
         "mask lets loads and stores run past the end of the query-side tensors.",
-        test=_past_other_length(query_side=True))
+        test=_past_other_length(query_side=True), proof="planted/dq.row_mask_uses_S_k")
 
 
 mistake("key_mask_length", MEMORY, "the keys are bounded by S_q: a key mask or bound uses the wrong length",
         "The keys from S_q on were never written: a key mask (or the loop, or the grid) is bounded "
         "by S_q where S_k belongs. Keys -- K, V, dK, dV -- are masked with `keys < S_k`, query rows "
-        "with `rows < S_q`.", test=_past_other_length(query_side=False))
+        "with `rows < S_q`.", test=_past_other_length(query_side=False), proof="planted/dkdv.key_mask_uses_S_q")
 
 
 @mistake("grid_length", MEMORY, "the grid (or a loop) is sized by the other length: the last blocks get no program",
          "A dK/dV program owns a block of keys: the grid's first axis is cdiv(S_k, BLOCK_N). A dQ "
          "program owns a block of query rows: cdiv(S_q, BLOCK_M). Sized by the other length, the "
          "blocks past it are never visited where that length is the smaller (and the extra programs "
-         "are masked off where it is the larger, which is why those cases pass).")
+         "are masked off where it is the larger, which is why those cases pass).",
+         proof="blind/s/S04_grid_over_queries")
 def _grid_length(ctx):
     if not ctx.failing:
         return None
@@ -133,7 +134,8 @@ def _lengths_swapped_by_stores(ctx) -> bool:
 @mistake("lengths_swapped", MEMORY, "S_q and S_k are swapped (in the launch or the kernel's arguments)",
          "Wrong exactly where S_q != S_k, and the loads run past the end of the query-side tensors "
          "(Q, dO, LSE, delta) where S_q < S_k, of K and V where S_q > S_k: the kernel believes each "
-         "length is the other. Compare the call's arguments with the kernel's signature.")
+         "length is the other. Compare the call's arguments with the kernel's signature.",
+         proof="example/dq_kernel/launch_dq_lengths_swapped")
 def _lengths_swapped(ctx):
     seen = [r for r in ctx.failing if r.oob_reads]
     if not seen and exactly(ctx, "sq_ne_sk") and _lengths_swapped_by_stores(ctx):
@@ -154,7 +156,7 @@ def _lengths_swapped(ctx):
          "block, so no mask is needed there: the address itself points outside. Check the offsets "
          "of that tensor: each dimension's index times that tensor's own stride for that same "
          "dimension (b with stride_b, h with stride_h, rows with stride_s, columns with stride_d), "
-         "and head indices that stay below the number of heads.")
+         "and head indices that stay below the number of heads.", proof="planted/dq.q_row_stride_typo")
 def _address_past_end(ctx):
     seen = [r for r in ctx.failing if r.oob_reads and aligned(r.case)]
     traced = [r for r in ctx.failing if r.nan_from and aligned(r.case)]   # a GPU's evidence
@@ -175,7 +177,8 @@ def _address_past_end(ctx):
          "rows (or columns) that do not exist. Every load needs the mask of its own tensor -- the "
          "query-row mask for q, dO, LSE and delta, the key mask for k and v -- so that padded "
          "positions read a harmless `other` value. (Past the end of a tensor there may be another "
-         "tensor, or no memory at all: even a value that is thrown away later must not be read.)")
+         "tensor, or no memory at all: even a value that is thrown away later must not be read.)",
+         proof="planted/dq.keys_unmasked")
 def _read_past_end(ctx):
     seen = [r for r in ctx.failing if r.oob_reads]
     if seen:
@@ -195,7 +198,7 @@ def _read_past_end(ctx):
          "or the store goes through another output's pointer (DV where DK belongs: the other output "
          "then keeps whichever store came last), or the launcher writes into a tensor of its own "
          "instead of the one it was given. Each output is stored once, through its own pointer with "
-         "its own strides.")
+         "its own strides.", proof="planted/dkdv.dk_stored_to_dv")
 def _never_stored(ctx):
     names = [n for n in ctx.names
              if all(r.tensors[n].actual is not None and r.tensors[n].unwritten == r.tensors[n].actual.numel()
@@ -213,7 +216,8 @@ def _never_stored(ctx):
          "Every row was stored, but only its first columns: the tile's column axis, tl.arange(0, BLOCK_D), "
          "must cover the whole head dim, so BLOCK_D is D rounded up to a power of two "
          "(triton.next_power_of_2(D)) with the columns masked by `offs_d < D` -- not the row block's "
-         "size or a fixed number. Cases with D <= that width pass, which is why only some fail.")
+         "size or a fixed number. Cases with D <= that width pass, which is why only some fail.",
+         proof="slips/03/head_dim_tile")
 def _head_dim_tile(ctx):
     for r, t in ctx.bad_tensors():
         a = t.actual
@@ -232,7 +236,7 @@ def _head_dim_tile(ctx):
          "Outputs start filled with a marked NaN here, and some still hold it: those elements were "
          "never stored. Check that the grid covers the last, partial block (cdiv, not //), that the "
          "store's mask is not stricter than `row < S`, and that the launcher writes into the output "
-         "it was given.")
+         "it was given.", proof="example/dq_kernel/launch_dq_rows_rounded_down")
 def _unwritten(ctx):
     bad = [(r, t) for r, t in ctx.bad_tensors() if t.unwritten]
     if not bad:

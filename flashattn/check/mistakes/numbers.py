@@ -15,7 +15,8 @@ from ..source import first_line, low_dtype_casts
 @mistake("nan", NUMBERS, "NaN computed inside your code",
          "NaN appeared although every element was written and no load reads past the end: "
          "something like exp(+inf), inf - inf or 0 * inf. A row whose every key is masked with -inf "
-         "(max = -inf, then -inf - (-inf)) is the classic; so is exp applied before the mask.")
+         "(max = -inf, then -inf - (-inf)) is the classic; so is exp applied before the mask.",
+         proof="example/attention_backward/make_backward(nan)")
 def _nan(ctx):
     bad = [(r, t) for r, t in ctx.bad_tensors() if t.nan_computed]
     if not bad:
@@ -34,7 +35,7 @@ def _nan(ctx):
 @mistake("oob_write", NUMBERS, "memory just past the output was written: a store without its mask",
          "The kernel stored elements beyond the end of the output tensor: the store's mask is missing "
          "the row (or column) condition, so the padded rows of the last block land in whatever "
-         "follows in memory -- another head's rows, or another tensor.")
+         "follows in memory -- another head's rows, or another tensor.", proof="planted/dq.store_without_row_mask")
 def _oob_write(ctx):
     bad = [(r, t) for r, t in ctx.bad_tensors() if t.guard_touched]
     if not bad:
@@ -45,7 +46,7 @@ def _oob_write(ctx):
 
 @mistake("sign", NUMBERS, "the sign is flipped: yours = -reference",
          "The outputs are the reference times -1: a subtraction the wrong way round. dS = P * (dP - "
-         "delta): dP first, delta subtracted.")
+         "delta): dP first, delta subtracted.", proof="blind/t/T01_ds_sign_flipped")
 def _sign(ctx):
     bad = ctx.bad_tensors()
     if bad and all(math.isfinite(t.ratio) and abs(t.ratio + 1) < 2e-2 and t.ratio_resid < 1e-2 for _, t in bad):
@@ -56,7 +57,7 @@ def _sign(ctx):
 @mistake("scale", NUMBERS, "the error is a constant factor tied to the softmax scale",
          "S = Q K^T * scale, so the chain rule puts one factor `scale` into dQ = dS K * scale and "
          "dK = dS^T Q * scale -- exactly one, after the matrix product -- and none into dV. A ratio "
-         "of 1/scale means the factor is missing, scale means it is applied twice.")
+         "of 1/scale means the factor is missing, scale means it is applied twice.", proof="slips/04/scale")
 def _scale(ctx):
     bad = ctx.bad_tensors()
     if not bad:
@@ -84,7 +85,7 @@ def _scale(ctx):
          "head visited twice); scale, 1/scale, sqrt(D), 1/D: a factor of the scale applied twice, "
          "missing, or of the wrong value; GROUP_SIZE: a sum over the group where one head's share "
          "belongs, or the reverse; S_q or S_k (lesson 07's L): a mean over the rows or keys where "
-         "their sum belongs (.mean() for .sum()), or the reverse.")
+         "their sum belongs (.mean() for .sum()), or the reverse.", proof="slips/07/factor")
 def _factor(ctx):
     seen, ratios = [], {}
     for r in ctx.failing:
@@ -123,7 +124,7 @@ def _factor(ctx):
          "run are float32's rounding, not a wrong formula. Some step makes float32: .float() (float32 "
          "exactly, not 'at least'), a cast to torch.float32 or to a float32 tensor's dtype, a bool or int "
          "tensor divided by a Python number, torch.tensor / zeros / ones without dtype=. Keep every tensor "
-         "in the inputs' dtype (dtype=q.dtype, .to(q.dtype)).")
+         "in the inputs' dtype (dtype=q.dtype, .to(q.dtype)).", proof="slips/09b/float32_rounding")
 def _float32_rounding(ctx):
     if not ctx.failing or any(r.error is not None or r.oob_reads or r.wild for r in ctx.failing):
         return None
@@ -161,7 +162,7 @@ def _precision_loss(r, t) -> bool:
          "the inputs: a cast to fp16 or bf16 (.half(), .to(torch.float16), autocast) of the scores, "
          "the softmax or its sums, TF32 matrix products, or an accumulator kept in the inputs' low "
          "dtype. Compute the softmax and every sum and accumulation in fp32 (at least the inputs' "
-         "precision) and cast only the results.")
+         "precision) and cast only the results.", proof="slips/03/low_precision")
 def _low_precision(ctx):
     if not ctx.failing or any(r.error is not None or r.oob_reads or r.wild or r.nondeterministic
                               for r in ctx.failing):

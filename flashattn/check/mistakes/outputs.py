@@ -36,7 +36,7 @@ def _zero_like(r, t) -> str:
          "end), `acc + x` computed but never assigned, the accumulator stored before the loop, or "
          "another (zeroed) variable stored. Zero in some heads only: those heads' loop or grid never "
          "reaches them. Under GQA a sum over only part of each group is the same mistake in the loop "
-         "over the group.")
+         "over the group.", proof="planted/dkdv.group_loop_short")
 def _output_zero(ctx):
     if not ctx.failing:
         return None
@@ -64,7 +64,7 @@ def _output_zero(ctx):
          "This output holds, to rounding, the values of another tensor (named in the evidence): "
          "the wrong variable returned or stored, a store through another output's pointer, an input "
          "passed through, or a copy made before the value was computed. Each output gets its own "
-         "accumulator, its own pointer and its own strides.")
+         "accumulator, its own pointer and its own strides.", proof="planted/dkdv.dk_holds_dv")
 def _equals_output(ctx):
     if not ctx.failing:
         return None
@@ -86,7 +86,7 @@ def _equals_output(ctx):
          "the old maximum is -inf. Two exponentials meet it: alpha = exp(m_old - m_new) must be <= 1 "
          "(0 at the first block; exp(m_new - m_old) is inf there, and inf * 0 is NaN), and p = "
          "exp(s - m_new) must use the *new* maximum (exp(s - m_old) is inf at the first block). The "
-         "outputs cannot tell these two apart: check both.")
+         "outputs cannot tell these two apart: check both.", proof="slips/02o/alpha")
 def _alpha(ctx):
     if ctx.ran and len(ctx.failing) == len(ctx.results) and \
             all("O" in r.tensors and not r.tensors["O"].finite for r in ctx.ran):
@@ -115,7 +115,8 @@ def _nonfinite_rows(a: torch.Tensor) -> list:
 @mistake("mask_hides_diagonal", OUTPUTS, "the causal mask hides the diagonal: row 0 sees no key at all",
          "NaN in query row 0 only, in the causal cases only: row 0's one visible key is its own "
          "diagonal, and the mask hid it (j < i, or >=, where j <= i belongs). With every key -inf "
-         "the softmax divides 0 by 0. A query sees its own key.")
+         "the softmax divides 0 by 0. A query sees its own key.",
+         proof="example/attention_backward/make_backward(mask_hides_diagonal)")
 def _mask_hides_diagonal(ctx):
     if not ctx.failing or not all(r.case.causal for r in ctx.failing):
         return None
@@ -130,7 +131,7 @@ def _mask_hides_diagonal(ctx):
 @mistake("mask_plus_inf", OUTPUTS, "hidden scores are set to +inf: the minus sign of -inf is missing",
          "Hidden keys must get the score -inf, so that exp gives exactly 0. With +inf, P is inf "
          "exactly at the hidden keys (and everything computed from it inf or NaN); the cases "
-         "without the mask stay right.")
+         "without the mask stay right.", proof="example/rebuild_p/make_rebuild_p_lse(plus_inf)")
 def _mask_plus_inf(ctx):
     if not ctx.failing or not all(r.case.causal for r in ctx.failing):
         return None

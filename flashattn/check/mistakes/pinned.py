@@ -18,7 +18,7 @@ from ..structure import head_sets_idea
 @mistake("batch", PINNED, "only batch element 0 is right: a batch offset is missing or wrong",
          "Wrong exactly in the cases with several batch elements: some tensor's pointer is not moved "
          "to its batch element (b * that tensor's own batch stride), or is moved with another "
-         "tensor's batch stride.")
+         "tensor's batch stride.", proof="planted/dq.no_batch_offset")
 def _batch(ctx):
     return f"{ctx.case_pattern()}; {ctx.tensor_pattern()}" if exactly(ctx, "batch") else None
 
@@ -29,7 +29,7 @@ def _batch(ctx):
          "reads the next row's first elements (past the last row: whatever follows the tensor), a "
          "store without it writes over them. Every load and store of a [rows, D] tile needs the "
          "head-dim mask beside its row mask (`row_ok[:, None] & d_ok[None, :]`), and HEAD_DIM is "
-         "the real D, not BLOCK_D.")
+         "the real D, not BLOCK_D.", proof="planted/dq.k_without_d_mask")
 def _head_dim_mask(ctx):
     if not exactly(ctx, "head_dim"):
         return None
@@ -54,7 +54,8 @@ def _values_right(ctx) -> bool:
 @mistake("gqa_grid", PINNED, "the grid has a program per query head where one per K/V head belongs",
          "With GQA a dK/dV program owns one K/V head and loops over the query heads of its group: "
          "the grid's second axis is B * H_kv. Programs for heads that do not exist read and write "
-         "past the end of the tensors (the values themselves came out right).")
+         "past the end of the tensors (the values themselves came out right).",
+         proof="example/dkdv_kernel/launch_dkdv_direct(grid over query heads)")
 def _gqa_grid(ctx):
     if exactly(ctx, "gqa") and _values_right(ctx):
         past = [r for r in ctx.failing if r.oob_reads or any(t.guard_touched for t in r.tensors.values())]
@@ -79,7 +80,7 @@ def _unwritten_heads(t) -> Optional[list]:
          "Whole heads were never written, and only under GQA: the grid's second axis counts the "
          "K/V heads (B * H_kv) where this kernel has one program per query head (B * H). The "
          "programs that exist compute their heads right; the heads of the missing programs keep the "
-         "poison.")
+         "poison.", proof="example/dq_kernel/launch_dq_grid_over_kv_heads")
 def _grid_heads(ctx):
     if not exactly(ctx, "gqa"):
         return None
@@ -104,7 +105,7 @@ def _grid_heads(ctx):
          "A K/V head serves GROUP_SIZE query heads, and its gradient is the *sum* of their "
          "contributions: dK = sum over g of dS_g^T Q_g * scale, dV = sum of P_g^T dO_g. Dividing by "
          "GROUP_SIZE (an average) or adding each twice scales them by a constant; with one query head "
-         "per K/V head (H_kv = H) the two agree, which is why those cases pass.")
+         "per K/V head (H_kv = H) the two agree, which is why those cases pass.", proof="slips/04/group_factor")
 def _group_factor(ctx):
     if not exactly(ctx, "gqa"):
         return None
@@ -142,7 +143,8 @@ def _kv_read_with_h(ctx) -> Optional[str]:
 @mistake("gqa", PINNED, "a head index is wrong under grouped-query attention",
          "With GQA, query head h reads K/V head h // GROUP_SIZE (h_kv); Q, dO, LSE, delta and dQ "
          "belong to the query head h, K, V, dK and dV to h_kv. A dK/dV program loops over the query "
-         "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.")
+         "heads of its group (h = h_kv * GROUP_SIZE + g) and adds up all their contributions.",
+         proof="example/dq_kernel/planted dq.kv_offset_with_h (GQA)")
 def _gqa(ctx):
     if ctx.failing and set.intersection(*(set(r.fingerprints) for r in ctx.failing)):
         return None                                       # a fingerprint's mistake names it exactly
@@ -172,7 +174,7 @@ def _reads_past_kv(r) -> bool:
          "Query head h belongs to K/V head h // GROUP_SIZE (GROUP_SIZE = H / H_kv; without GQA, "
          "the same h): K, V (and in a dK/dV program, dK and dV) are offset with that head, Q, dO, LSE, "
          "delta and dQ with h. Your dQ of each query head equals what another K/V head gives "
-         "(the map is in the evidence).")
+         "(the map is in the evidence).", proof="slips/03/kv_head")
 def _kv_head(ctx):
     hits, others = [], []
     for r in ctx.failing:
@@ -220,7 +222,8 @@ def _unlike_contiguous(case, name: str, dims) -> bool:
 @mistake("stride", PINNED, "a tensor is addressed with another tensor's strides",
          "Wrong exactly in the cases where two tensors' strides differ: one of them is offset with "
          "the other's stride. Every tensor gets its own stride arguments, named after it "
-         "(stride_v_s for V's rows, never stride_k_s), and each load uses its own.")
+         "(stride_v_s for V's rows, never stride_k_s), and each load uses its own.",
+         proof="planted/dq.do_head_stride")
 def _stride(ctx):
     if ctx.pattern is None or not ctx.exact or not _STRIDE_ID.match(ctx.pattern.id.split("&")[0]):
         return None

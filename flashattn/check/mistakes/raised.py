@@ -12,7 +12,7 @@ from ..exception_ideas import exception_idea, substitution_story
 
 @mistake("exception", RAN_BADLY, "your code raised an exception",
          "The error and the line it came from are shown below; the cases it raised in say what they "
-         "share (S_q != S_k, non-contiguous tensors, ...).")
+         "share (S_q != S_k, non-contiguous tensors, ...).", proof="slips/01/exception")
 def _exception(ctx):
     raised = [r for r in ctx.results if r.error is not None]
     if not raised:
@@ -55,7 +55,7 @@ def _factor_text(f, case) -> str:
          "Inputs are read-only: compute into a new tensor (q * scale, not q.mul_(scale); q = q * "
          "scale, not q *= scale; no do.zero_(), no out= pointing at an input). The caller still "
          "needs them -- autograd reuses the tensors it saved, and a second call sees the changed "
-         "values, which is also why two runs on the same input differ.")
+         "values, which is also why two runs on the same input differ.", proof="slips/02p/input_modified")
 def _input_modified(ctx):
     hits = [r for r in ctx.results if r.inputs_modified]
     if not hits:
@@ -83,7 +83,8 @@ def _input_modified(ctx):
          "Two runs on identical inputs gave different bits. Several programs (or threads) add into "
          "the same output addresses, and the order of those additions -- or whether an update is "
          "lost -- depends on scheduling. Atomics fix lost updates but not the order. Give every "
-         "output block to exactly one program that accumulates in registers and stores once.")
+         "output block to exactly one program that accumulates in registers and stores once.",
+         proof="example/attention_backward/make_backward(race)")
 def _race(ctx):
     r = next((r for r in ctx.results if r.nondeterministic), None)
     return f"case '{r.case.name}': {', '.join(r.nondeterministic)} differed between two runs" if r else None
