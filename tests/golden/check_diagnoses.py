@@ -254,8 +254,12 @@ def differences(old: dict, new: dict) -> list:
     """Lines naming every entry of ``new`` that differs from ``old``."""
     out = []
     for name in sorted(set(old["orders"]) | set(new["orders"])):
-        if old["orders"].get(name) != new["orders"].get(name):
-            out.append(f"order of {name}: {old['orders'].get(name)} -> {new['orders'].get(name)}")
+        before, after = old["orders"].get(name) or [], new["orders"].get(name) or []
+        if before != after:
+            added = [f"+{m} (at {after.index(m) + 1})" for m in after if m not in before]
+            gone = [f"-{m}" for m in before if m not in after]
+            moved = "" if added or gone else "; the same mistakes in another order"
+            out.append(f"order of {name}: {', '.join(added + gone)}{moved}")
     for key in sorted(set(old["first"]) | set(new["first"])):
         if old["first"].get(key) != new["first"].get(key):
             out.append(f"{key}: {old['first'].get(key)} -> {new['first'].get(key)}")
