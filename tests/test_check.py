@@ -217,6 +217,18 @@ def test_a_pass_is_one_line_and_so_is_its_value(capsys):
     assert "aligned, causal" in quiet.report()  # the details on request
 
 
+def test_the_report_shows_as_text_in_a_notebook():
+    """check.last.report() -- what a failure's last line tells the learner to call -- is a str that
+    IPython and Jupyter show as its lines; a plain str shows as one quoted line full of \\n."""
+    from IPython.lib.pretty import pretty
+    check.attention_backward(make_backward("scale"), raise_on_fail=False, show=False)
+    text = check.last.report()
+    assert isinstance(text, str) and "Diagnosis [scale]" in text and text.count("\n") > 10
+    assert pretty(text) == text and repr(text) == text
+    assert pretty(check.last.table()) == check.last.table()
+    assert pretty("a\nb") == "'a\\nb'"          # what it showed before
+
+
 def test_exception_in_some_cases_is_reported_with_the_line():
     def view_bug(q, k, v, o, do, lse, causal, scale):
         flat = do.view(-1)        # .view of a non-contiguous dO raises

@@ -118,6 +118,17 @@ class CaseResult:
         return [t for t in self.tensors.values() if not t.ok]
 
 
+class Text(str):
+    """Text for a person to read: a ``str`` (print it, search it), which a notebook shows as the
+    text itself -- lines and all -- where a plain string would show as one quoted line of ``\\n``."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_pretty_(self, p, cycle) -> None:      # IPython and Jupyter
+        p.text(str(self))
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """A named mistake with the evidence that points at it."""
@@ -178,7 +189,7 @@ class CheckResult:
             print(self.summary())
 
     # -- details ------------------------------------------------------------------------
-    def table(self) -> str:
+    def table(self) -> Text:
         head = f"{'#':>2}  {'case':<26}{'shape':<20}{'causal':<7}{'tensor':<7}{'rel err':>9}  {'heads ok':>8}  verdict"
         lines = [head, "-" * len(head)]
         for i, r in enumerate(self.results, 1):
@@ -211,7 +222,7 @@ class CheckResult:
                 lines.append(" " * 4 + f"!! read past the end of {', '.join(r.oob_reads)}")
             if r.inputs_modified:
                 lines.append(" " * 4 + f"!! wrote into its input {', '.join(r.inputs_modified)}")
-        return "\n".join(lines)
+        return Text("\n".join(lines))
 
     def diagnosis(self) -> str:
         lines = []
@@ -232,7 +243,8 @@ class CheckResult:
             lines += _wrap("Your code warned: " + w, "  ", subsequent="    ")
         return "\n".join(lines)
 
-    def report(self) -> str:
+    def report(self) -> Text:
+        """Where the code came from, every case's row, and the verdict; shown as text in a notebook."""
         parts = [self.title] + [f"  {l}" for l in self.origin] + [f"  WARNING: {w}" for w in self.warnings]
         if self.ok:       # a failure's diagnosis lists them already
             parts += [f"  Your code warned: {w}" for w in self.code_warnings]
@@ -242,7 +254,7 @@ class CheckResult:
         else:
             parts.append(f"FAIL: {len(self.failed)} of {len(self.results)} cases wrong.")
             parts.append(self.diagnosis())
-        return "\n".join(parts)
+        return Text("\n".join(parts))
 
     def failure_text(self) -> str:
         """What a failing checker prints: the diagnosis first, then the table."""
