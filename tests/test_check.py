@@ -2,6 +2,7 @@
 that triggers exactly that hint, and the correct implementation triggers none. Also: where a
 function came from (test_check_kernels.py does the kernels)."""
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -215,6 +216,16 @@ def test_a_pass_is_one_line_and_so_is_its_value(capsys):
     quiet._ipython_display_()                  # not printed yet: the one line now
     assert capsys.readouterr().out.startswith("PASS")
     assert "aligned, causal" in quiet.report()  # the details on request
+
+
+def test_the_pass_line_gives_each_tolerance_its_worst_error():
+    """The fp16 case is held to 1e-2, every fp32 case to 1e-4: the pass line says both (it said
+    'tol 1e-02' for all of them)."""
+    line = run_checker(check.rebuild_p, make_rebuild_p()).pass_line()
+    assert re.search(r"cases within tolerance \(worst head rel err \S+, tol 1e-04; "
+                     r"in 'fp16 inputs' \S+, tol 1e-02\)\.$", line), line
+    line = run_checker(check.attention_backward, make_backward()).pass_line()     # fp32 only: as before
+    assert re.search(r"\(worst head rel err \S+, tol 1e-04\)\.$", line), line
 
 
 def test_the_report_shows_as_text_in_a_notebook():
