@@ -282,6 +282,18 @@ def test_the_memory_and_head_mistakes_come_before_the_fingerprints():
         assert order.index(first) < order.index(later), (first, later)
 
 
+@pytest.mark.parametrize("exercise, old", [
+    ("03", "dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=LSE.dtype.element_ty)"),
+    ("04", "dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=LSE.dtype.element_ty)"),
+])
+def test_an_fp32_accumulator_as_the_exercise_says_passes(tmp_path, exercise, old):
+    """Exercises 03 and 04 say 'accumulate in fp32'; their solutions write the LSE's dtype (fp32,
+    fp64 for fp64 inputs). Both are right: the learner who follows the text passes."""
+    from conftest import SOLUTION_CHECKS
+    new = old.replace("LSE.dtype.element_ty", "tl.float32")
+    assert_clean(SOLUTION_CHECKS[exercise](solution(tmp_path, exercise, (old, new))))
+
+
 def test_dq_lengths_swapped_are_named():
     assert_hint(run_checker(check.dq_kernel, launch_dq_lengths_swapped), "lengths_swapped")
 
