@@ -5,6 +5,7 @@ of every known mistake. ``check_diagnoses.json`` beside this file is the record;
     python tests/golden/check_diagnoses.py              # recompute everything, write the JSON
     python tests/golden/check_diagnoses.py --workers 2  # the same on two processes
     python tests/golden/check_diagnoses.py --check      # recompute, compare, write nothing
+    python tests/golden/check_diagnoses.py --checkers dq_kernel,dkdv_kernel   # only these checkers' variants
 
 Regenerate it only on purpose -- when a change is *meant* to change a diagnosis -- and say in the
 commit which entries changed (``--check`` lists them). The mistakes it runs, each under a key:
@@ -239,11 +240,13 @@ def _diagnoses(keys: list, workers: int) -> dict:
     return found
 
 
-def compute(workers: int = 1, only: str = "", texts: str = "") -> dict:
-    """The record; ``texts``: also write every diagnosis's full text there (JSON, key -> text)."""
+def compute(workers: int = 1, only: str = "", texts: str = "", checkers: tuple = ()) -> dict:
+    """The record; ``texts``: also write every diagnosis's full text there (JSON, key -> text);
+    ``checkers``: only the variants those checkers run."""
     _paths()
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    keys = sorted(k for k in variants() if k.startswith(only))
+    keys = sorted(k for k, (checker, _) in variants().items()
+                  if k.startswith(only) and (not checkers or checker in checkers))
     found = _diagnoses(keys, workers)
     if texts:
         Path(texts).write_text(json.dumps({k: v[1] for k, v in found.items()}, indent=1, sort_keys=True) + "\n")
@@ -273,10 +276,17 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="compare with the record, write nothing")
     ap.add_argument("--texts", default="", help="also write every diagnosis's full text to this JSON file "
                     "(not part of the record: compare two such files to see a move change no word)")
+    ap.add_argument("--checkers", default="", help="comma-separated checker names: recompute only the variants "
+                    "they run and keep the others' entries (a change that touches only these checkers)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    new = compute(args.workers, args.only, args.texts)
+    checkers = tuple(filter(None, args.checkers.split(",")))
+    new = compute(args.workers, args.only, args.texts, checkers)
     old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"orders": {}, "first": {}}
+    if checkers:            # the other checkers' entries stand as recorded
+        known = variants()
+        new["first"] = {**{k: v for k, v in old["first"].items() if k in known and known[k][0] not in checkers},
+                        **new["first"]}
     if args.only:
         old = {"orders": old["orders"], "first": {k: v for k, v in old["first"].items() if k.startswith(args.only)}}
     changed = differences(old, new)
