@@ -67,6 +67,10 @@ def test_list_prints_the_order(capsys):
     assert ids == list(checkers.DQ.order)
     assert "\nmemory\n" in text and "read_past_end" in text
     assert main(["--list", "check.window_mask"]) == 0 and "window_left_off" in capsys.readouterr().out
+    assert main(["--list", "02"]) == 0           # an exercise: both its checkers
+    out = capsys.readouterr().out
+    assert "check.rebuild_p" in out and "check.online_softmax" in out and "check.dq_kernel" not in out
+    assert [c.name for c in checkers.by_name("3")] == ["dq_kernel"]
     assert main(["--list", "no_such_checker"]) == 2
     capsys.readouterr()
     assert main(["--list"]) == 0

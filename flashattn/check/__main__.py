@@ -1,7 +1,8 @@
-"""``python -m flashattn.check --list <checker>``: the mistakes a checker tries, in its order.
+"""``python -m flashattn.check --list <checker or exercise>``: the mistakes a checker tries, in order.
 
     python -m flashattn.check --list               # the checkers
     python -m flashattn.check --list dq_kernel     # check.dq_kernel's order, stage by stage
+    python -m flashattn.check --list 02            # exercise 02's two checkers, one after the other
 """
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from .checkers import EVERY, by_name
 
 
 def listing(name: str) -> str:
-    """The order of checker ``name``, numbered and grouped by stage, each with its title."""
-    checker = by_name(name)
+    """The order of each checker ``name`` stands for, numbered and grouped by stage, with titles."""
+    return "\n\n".join(_listing(checker) for checker in by_name(name))
+
+
+def _listing(checker) -> str:
     lines = [f"check.{checker.name} (exercise {checker.exercise}: {checker.what}): {len(checker.order)} mistakes, "
              f"tried in this order -- the first whose test fits is the diagnosis"]
     stage = None
@@ -30,7 +34,8 @@ def listing(name: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flashattn.check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--list", nargs="?", const="", metavar="CHECKER", required=True,
-                    help="the checker's mistakes in the order it tries them (no name: the checkers)")
+                    help="the mistakes a checker (dq_kernel) or an exercise's checkers (03) try, in order; "
+                         "no name: the checkers")
     args = ap.parse_args(argv)
     if not args.list:
         for c in EVERY:

@@ -47,13 +47,15 @@ WINDOW_AND_BEYOND = (WINDOW, BEYOND)
 DENSE = (BACKWARD, REBUILD_P, ONLINE)
 
 
-def by_name(name: str) -> Checker:
-    """The checker of ``check.<name>`` (``dq_kernel``; ``check.dq_kernel`` also works)."""
+def by_name(name: str) -> tuple:
+    """The checkers ``name`` stands for: a checker's own (``dq_kernel``, ``check.dq_kernel``) or an
+    exercise's number (``03``; ``02`` and ``09`` have two checkers each)."""
     name = name.removeprefix("check.")
-    for c in EVERY:
-        if c.name == name:
-            return c
-    raise KeyError(f"no checker {name!r}; the checkers: {', '.join(c.name for c in EVERY)}")
+    found = tuple(c for c in EVERY if name in (c.name, c.exercise, c.exercise.lstrip("0")))
+    if not found:
+        raise KeyError(f"no checker or exercise {name!r}; the checkers: "
+                       f"{', '.join(f'{c.name} ({c.exercise})' for c in EVERY)}")
+    return found
 
 
 # --------------------------------------------------------------------------------------

@@ -214,14 +214,14 @@ def exactly(ctx, *bases) -> bool:
     return p is not None and ctx.exact and p.id.split("&")[0] in bases
 
 
-def errors_raised(ctx, kind) -> list:
-    """The cases whose code raised ``kind``."""
-    return [r for r in ctx.results if isinstance(r.error, kind)]
+def errors_raised(ctx, error_class) -> list:
+    """The cases whose code raised an ``error_class`` (ShapeError, Unwritten, ...)."""
+    return [r for r in ctx.results if isinstance(r.error, error_class)]
 
 
-def first_raised(ctx, kind):
-    """The first case whose code raised ``kind``, or None."""
-    return next(iter(errors_raised(ctx, kind)), None)
+def first_raised(ctx, error_class):
+    """The first case whose code raised an ``error_class``, or None."""
+    return next(iter(errors_raised(ctx, error_class)), None)
 
 
 def in_every_failing_case(ctx, prefix: str, also=lambda label: True) -> set:
