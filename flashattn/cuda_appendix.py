@@ -457,10 +457,9 @@ def side_by_side(left: list, right: list, titles=("Triton", "CUDA")):
                 f"<td style='vertical-align:top'>{column(right)}</td></tr></table>")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    from . import cuda_selftest
-    return cuda_selftest.main(argv)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # `python -m flashattn.cuda_appendix --selftest` is cuda_selftest's command line. It is run, not
+    # imported: cuda_selftest imports this module, and this module does not depend on it.
+    import runpy
+
+    runpy.run_module("flashattn.cuda_selftest", run_name="__main__", alter_sys=True)

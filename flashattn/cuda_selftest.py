@@ -335,3 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 0
     return 0 if selftest(timing=not args.no_timing, json_path=args.json) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

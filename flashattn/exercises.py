@@ -57,7 +57,6 @@ import nbformat
 
 GENERATOR = "python -m flashattn.exercises"
 RAISES_TAG = "raises-exception"
-DEFAULT_STUB = "# YOUR CODE HERE\nraise NotImplementedError()"
 
 
 # --------------------------------------------------------------------------------------

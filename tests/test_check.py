@@ -3,6 +3,8 @@ that triggers exactly that hint, and the correct implementation triggers none. A
 function came from (test_check_kernels.py does the kernels)."""
 import math
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +13,10 @@ import flashattn
 from flashattn import check
 from flashattn.reference import causal_mask
 
-from conftest import assert_clean, assert_hint, run_checker
+from conftest import ON_GPU, assert_clean, assert_hint, run_checker
+
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+import check_diagnoses as golden  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------
@@ -134,11 +139,15 @@ def test_attention_backward_gqa_battery():
     assert_clean(run_checker(check.attention_backward, gqa_backward, gqa=True))
 
 
+def unwritten_backward(*args):
+    """The exercise's cell as handed out."""
+    # YOUR CODE HERE
+    raise NotImplementedError()
+
+
 def test_not_implemented_raises_assertion_after_printing(capsys):
-    def todo(*args):
-        raise NotImplementedError()
     with pytest.raises(AssertionError, match="not implemented yet"):
-        check.attention_backward(todo)
+        check.attention_backward(unwritten_backward)
     out = capsys.readouterr().out
     assert "Diagnosis [not_implemented]" in out
     assert "aligned, causal" not in out      # stops at the first case
@@ -157,9 +166,9 @@ def test_not_implemented_names_the_helper_still_to_write(capsys):
     assert "raised in `sequence_backward`" in r.diagnosis()
 
 
-def test_a_backward_without_the_kernels_is_named():
-    """Blind set Q (exercise 05): backward gets right gradients from PyTorch's own autograd on a
-    materialised softmax and launches no kernel: not the lesson, and the checker says so."""
+def autograd_without_kernels():
+    """Exercise 05 with a backward that gets the gradients from PyTorch's own autograd on a
+    materialised softmax: right values, no kernel launched."""
     class Attention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, causal, scale):
@@ -175,8 +184,14 @@ def test_a_backward_without_the_kernels_is_named():
             r = attention_reference(q, k, v, do, causal=ctx.causal, scale=ctx.scale)
             return r.dQ.to(q.dtype), r.dK.to(k.dtype), r.dV.to(v.dtype), None, None
 
-    r = run_checker(check.autograd_function, lambda q, k, v, causal, scale: Attention.apply(
-        q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale), gqa=False)
+    return lambda q, k, v, causal, scale: Attention.apply(
+        q, k, v, causal, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def test_a_backward_without_the_kernels_is_named():
+    """Blind set Q (exercise 05): backward gets right gradients from PyTorch's own autograd on a
+    materialised softmax and launches no kernel: not the lesson, and the checker says so."""
+    r = run_checker(check.autograd_function, autograd_without_kernels(), gqa=False)
     assert r.hint_ids == ["no_backward_kernel"], r.report()
     assert "no Triton kernel ran inside backward" in r.diagnosis()
 
@@ -203,6 +218,28 @@ def test_a_pass_is_one_line_and_so_is_its_value(capsys):
     assert "aligned, causal" in quiet.report()  # the details on request
 
 
+def test_the_pass_line_gives_each_tolerance_its_worst_error():
+    """The fp16 case is held to 1e-2, every fp32 case to 1e-4: the pass line says both (it said
+    'tol 1e-02' for all of them)."""
+    line = run_checker(check.rebuild_p, make_rebuild_p()).pass_line()
+    assert re.search(r"cases within tolerance \(worst head rel err \S+, tol 1e-04; "
+                     r"in 'fp16 inputs' \S+, tol 1e-02\)\.$", line), line
+    line = run_checker(check.attention_backward, make_backward()).pass_line()     # fp32 only: as before
+    assert re.search(r"\(worst head rel err \S+, tol 1e-04\)\.$", line), line
+
+
+def test_the_report_shows_as_text_in_a_notebook():
+    """check.last.report() -- what a failure's last line tells the learner to call -- is a str that
+    IPython and Jupyter show as its lines; a plain str shows as one quoted line full of \\n."""
+    from IPython.lib.pretty import pretty
+    check.attention_backward(make_backward("scale"), raise_on_fail=False, show=False)
+    text = check.last.report()
+    assert isinstance(text, str) and "Diagnosis [scale]" in text and text.count("\n") > 10
+    assert pretty(text) == text and repr(text) == text
+    assert pretty(check.last.table()) == check.last.table()
+    assert pretty("a\nb") == "'a\\nb'"          # what it showed before
+
+
 def test_exception_in_some_cases_is_reported_with_the_line():
     def view_bug(q, k, v, o, do, lse, causal, scale):
         flat = do.view(-1)        # .view of a non-contiguous dO raises
@@ -223,9 +260,7 @@ def test_wrong_shape_is_named():
 
 
 def test_every_diagnosis_has_a_title_and_an_idea_without_code():
-    ids = [r.id for r in check.RULES]
-    assert len(ids) == len(set(ids))
-    for r in check.RULES:
+    for r in check.MISTAKES.values():
         assert r.title and r.idea
         assert "tl.where(" not in r.idea and "tl.exp(" not in r.idea   # the idea, not the code
 
@@ -464,16 +499,19 @@ def test_origin_of_the_package_itself_is_flagged():
     assert any("flashattn's own implementation" in w for w in warnings)
 
 
+def overcounted_backward(q, k, v, o, do, lse, causal, scale):
+    """dK with row n of every 16-key block added min(n + 1, 4) times (story 001's CUDA kernel: a
+    loop that steps through the rows by 1 instead of by blockDim.y)."""
+    dq, dk, dv = make_backward()(q, k, v, o, do, lse, causal, scale)
+    rows = torch.arange(k.shape[2], device=k.device) % 16
+    factor = torch.clamp(rows + 1, max=4).to(dk.dtype)
+    return dq, dk * factor[:, None], dv
+
+
 def test_overcount_is_named():
-    """dK with row n of every 16-key block added min(n + 1, 4) times (story 001's CUDA kernel:
-    a loop that steps through the rows by 1 instead of by blockDim.y): deterministic, so the
-    two-run comparison cannot see it; its shape -- reference x factors >= 1 -- names it."""
-    def overcounted(q, k, v, o, do, lse, causal, scale):
-        dq, dk, dv = make_backward()(q, k, v, o, do, lse, causal, scale)
-        rows = torch.arange(k.shape[2], device=k.device) % 16
-        factor = torch.clamp(rows + 1, max=4).to(dk.dtype)
-        return dq, dk * factor[:, None], dv
-    assert_hint(run_checker(check.attention_backward, overcounted), "overcount")
+    """Deterministic, so the two-run comparison cannot see it; its shape -- reference x factors
+    >= 1 -- names it."""
+    assert_hint(run_checker(check.attention_backward, overcounted_backward), "overcount")
 
 
 @pytest.mark.filterwarnings("ignore:The use of `x.T`")    # the planted .T on a 4-D tensor
@@ -500,6 +538,8 @@ def make_backward_lse(bug=None):
         mask = causal_mask(S.shape[-2], S.shape[-1], S.device)
         if bug == "lengths_mixed":     # the mask aligned bottom-right: its diagonal offset S_k - S_q
             mask = torch.ones_like(mask).tril(S.shape[-1] - S.shape[-2])
+        if bug == "mask_three_ahead":  # each query also sees the next three keys: no known mask
+            mask = torch.ones_like(mask).tril(3)
         if causal:
             S = S.masked_fill(~mask, float("inf") if bug == "plus_inf" else float("-inf"))
         if bug == "exp_minus_lse":
@@ -514,6 +554,8 @@ def make_backward_lse(bug=None):
         dS = P * dP - delta if bug == "ds_precedence" else P * (dP - delta)
         dq = dS @ k * s
         dk = dS.transpose(-1, -2) @ q * s
+        if bug == "dv_mixed_rows":     # each dV row mixed with its neighbour's: dV's own formula
+            dv = dv + 0.05 * torch.roll(dv, 1, dims=-2)
         if bug == "dk_is_dv":
             dk = dv.clone()
         if bug == "dq_zero":           # dq = torch.zeros_like(q); dq + ... never assigned
@@ -540,6 +582,8 @@ def test_backward_with_lse_correct_passes():
     ("dk_twice", "factor", "yours / reference = 2 (= 2)"),
     ("lengths_mixed", "lengths_mixed", "S_q != S_k"),
     ("some_cases", "pattern", "cosine with the reference"),
+    ("mask_three_ahead", "causal", "only causal cases are wrong"),
+    ("dv_mixed_rows", "dv_formula", "only dV is wrong"),
 ])
 def test_generic_diagnoses_backward(bug, hint, phrase):
     r = run_checker(check.attention_backward, make_backward_lse(bug))
@@ -547,15 +591,19 @@ def test_generic_diagnoses_backward(bug, hint, phrase):
     assert phrase in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
-@pytest.mark.parametrize("bug, hint", [("exp_minus_lse", "exp_minus_lse"), ("plus_inf", "mask_plus_inf")])
-def test_generic_diagnoses_rebuild_p(bug, hint):
+def make_rebuild_p_lse(bug=None):
     def rebuild_p(q, k, lse, causal, scale):
         S = q @ k.transpose(-1, -2) * scale
         if causal:
             S = S.masked_fill(~causal_mask(S.shape[-2], S.shape[-1], S.device),
                               float("inf") if bug == "plus_inf" else float("-inf"))
         return torch.exp(S) - lse[..., None] if bug == "exp_minus_lse" else torch.exp(S - lse[..., None])
-    assert_hint(run_checker(check.rebuild_p, rebuild_p), hint)
+    return rebuild_p
+
+
+@pytest.mark.parametrize("bug, hint", [("exp_minus_lse", "exp_minus_lse"), ("plus_inf", "mask_plus_inf")])
+def test_generic_diagnoses_rebuild_p(bug, hint):
+    assert_hint(run_checker(check.rebuild_p, make_rebuild_p_lse(bug)), hint)
 
 
 def _online_alpha_on_new(device_of_new=None):
@@ -682,15 +730,15 @@ def test_lazy_planted(bug, hint):
         in " ".join(r.diagnosis().split()), r.diagnosis()
 
 
-def test_first_block_only_is_named():
+def later_blocks_off(*args):
     """Every output right in its first 32 rows (keys), wrong after: the later blocks' offsets."""
-    right = make_backward_lse()
+    grads = [g.clone() for g in make_backward_lse()(*args)]
+    for g in grads:
+        g[..., 32:, :] *= 1.5
+    return tuple(grads)
 
-    def later_blocks_off(*args):
-        grads = [g.clone() for g in right(*args)]
-        for g in grads:
-            g[..., 32:, :] *= 1.5
-        return tuple(grads)
+
+def test_first_block_only_is_named():
     r = run_checker(check.attention_backward, later_blocks_off)
     assert_hint(r, "first_block_only")
     assert "rows 0-31 right" in r.diagnosis(), r.diagnosis()
@@ -732,13 +780,14 @@ def test_softmax_in_low_precision_is_named(cast, gqa):
 def test_kv_head_is_never_claimed_for_the_right_head_map():
     """The kv_head rule sees a map only where each head's dQ is close to some K/V head's: when
     that map is the right one, the heads are not what is wrong."""
-    from flashattn.check.diagnose import Context
-    from flashattn.check.structure_rules import _kv_head
+    from flashattn.check.checkers import BACKWARD
+    from flashattn.check.evidence import Evidence
+    from flashattn.check.mistakes.pinned import _kv_head
     r = run_checker(check.attention_backward, _backward_low_precision(lambda S: torch.softmax(S.half(), -1).float()))
     for c in r.results:       # the facts as a precision loss can give them: the right map
         if not c.ok:
             c.structure["dQ"] = {"kv_heads": {(b, h): h for b in range(c.case.B) for h in range(c.case.H)}}
-    assert _kv_head(Context(r.results, "backward")) is None
+    assert _kv_head(Evidence(r.results, BACKWARD)) is None
 
 
 # --------------------------------------------------------------------------------------
@@ -870,9 +919,12 @@ def _window_off_at_the_corner(S_q, S_k, window):
     return mask
 
 
+#: the right backward, wrong for non-contiguous inputs
+wrong_for_strided_inputs = _wrong_where(lambda q, k, v, do: not all(t.is_contiguous() for t in (q, k, v)))
+
+
 @pytest.mark.parametrize("checker, fn, hint", [
-    (check.attention_backward, _wrong_where(lambda q, k, v, do: not all(t.is_contiguous() for t in (q, k, v))),
-     "strides"),
+    (check.attention_backward, wrong_for_strided_inputs, "strides"),
     (check.window_mask, _window_off_at_the_corner, "window_cases"),
 ], ids=["strides", "window_cases"])
 def test_fallbacks_name_the_cases(checker, fn, hint):
@@ -883,12 +935,13 @@ def test_a_gradient_wrong_for_strided_do_is_named():
     assert_hint(run_checker(check.autograd_function, make_function("do_strided_only")), "do_strides")
 
 
-def test_every_diagnosis_is_proven():
-    """Each diagnosis id is asserted somewhere in the tests (a planted bug or a one-line edit of
-    a worked solution that triggers exactly it)."""
-    import pathlib
-    here = pathlib.Path(__file__).parent
-    text = "\n".join(p.read_text() for p in here.glob("test_*.py"))
-    text += (here.parent / "flashattn" / "planted.py").read_text()
-    unproven = [r.id for r in check.RULES if not re.search(rf"""['"\[]{re.escape(r.id)}['"\]]""", text)]
-    assert not unproven, f"diagnoses no test triggers: {unproven}"
+@pytest.mark.skipif(ON_GPU, reason="the proofs are the CPU's: a GPU runs the kernels in fp16")
+@pytest.mark.parametrize("mid", sorted(check.MISTAKES))
+def test_every_diagnosis_is_proven(mid):
+    """Each mistake's record names the variant that proves it (``proof``: a key of
+    tests/golden/check_diagnoses.py -- an edit of a worked solution, a planted kernel bug, a
+    blind-set variant or one of these tests' own examples), and that variant's first diagnosis,
+    run here, is that mistake."""
+    proof = check.MISTAKES[mid].proof
+    assert proof in golden.all_variants(), f"{mid}: no variant {proof!r}"
+    assert golden.first_diagnosis(proof) == mid, f"{mid}: its proof {proof!r} names another mistake"

@@ -273,13 +273,25 @@ def test_solution_04_with_a_grid_over_query_heads_is_gqa_grid(tmp_path, dtype):
     assert_hint(r, "gqa_grid")
 
 
-def test_fingerprint_rules_come_after_the_memory_and_head_rules():
-    """beyond_rules shares the fingerprint rules' test: importing it must not register them all
-    early (a merge once put query_block_from_pid before gqa_grid, and every memory rule)."""
-    order = [r.id for r in check.RULES]
-    for first, later in [("gqa_grid", "query_block_from_pid"), ("kv_head", "no_mask"),
-                         ("unwritten", "delta"), ("read_past_end", "mask_strict")]:
+def test_the_memory_and_head_mistakes_come_before_the_fingerprints():
+    """A merge once put query_block_from_pid before gqa_grid, and every memory rule: the kernels'
+    orders (checkers.py's tables) keep the memory and head mistakes first."""
+    dq, dkdv = check.orders()["dq_kernel"], check.orders()["dkdv_kernel"]
+    for order, first, later in [(dkdv, "gqa_grid", "query_block_from_pid"), (dq, "kv_head", "no_mask"),
+                                (dkdv, "unwritten", "delta"), (dq, "read_past_end", "mask_strict")]:
         assert order.index(first) < order.index(later), (first, later)
+
+
+@pytest.mark.parametrize("exercise, old", [
+    ("03", "dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=LSE.dtype.element_ty)"),
+    ("04", "dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=LSE.dtype.element_ty)"),
+])
+def test_an_fp32_accumulator_as_the_exercise_says_passes(tmp_path, exercise, old):
+    """Exercises 03 and 04 say 'accumulate in fp32'; their solutions write the LSE's dtype (fp32,
+    fp64 for fp64 inputs). Both are right: the learner who follows the text passes."""
+    from conftest import SOLUTION_CHECKS
+    new = old.replace("LSE.dtype.element_ty", "tl.float32")
+    assert_clean(SOLUTION_CHECKS[exercise](solution(tmp_path, exercise, (old, new))))
 
 
 def test_dq_lengths_swapped_are_named():
@@ -293,13 +305,16 @@ def test_missing_row_mask_on_P_is_harmless_when_the_loads_are_masked():
         assert_clean(run_checker(check.dkdv_kernel, launch_dkdv_direct))
 
 
+def launch_dkdv_in_pytorch(q, k, v, do, lse, delta, dk, dv, causal, scale):
+    """A launcher that computes dK and dV in PyTorch: no kernel at all."""
+    from flashattn.reference import attention_reference
+    ref = attention_reference(q, k, v, do, causal=causal, scale=scale)
+    dk.copy_(ref.dK)
+    dv.copy_(ref.dV)
+
+
 def test_a_launcher_that_launches_no_kernel_is_refused():
-    def pytorch_launcher(q, k, v, do, lse, delta, dk, dv, causal, scale):
-        from flashattn.reference import attention_reference
-        ref = attention_reference(q, k, v, do, causal=causal, scale=scale)
-        dk.copy_(ref.dK)
-        dv.copy_(ref.dV)
-    r = run_checker(check.dkdv_kernel, pytorch_launcher)
+    r = run_checker(check.dkdv_kernel, launch_dkdv_in_pytorch)
     assert_hint(r, "no_kernel")
     assert "without launching any kernel" in r.diagnosis()
 
@@ -309,10 +324,13 @@ def test_kernel_language_is_validated():
         check.dq_kernel(launch_dq, kernel_language="cuda++")
 
 
+def launch_dq_rows_rounded_down(q, k, v, do, lse, delta, dq, causal, scale):
+    """The grid's row blocks counted S_q // BLOCK, not cdiv: the partial last block gets no program."""
+    launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=lambda a, b: a // b)
+
+
 def test_dq_grid_rounded_down_leaves_nan_rows():
-    def launch(q, k, v, do, lse, delta, dq, causal, scale):   # grid S_q // BLOCK, not cdiv
-        launch_dq_direct(q, k, v, do, lse, delta, dq, causal, scale, rows=lambda a, b: a // b)
-    r = run_checker(check.dq_kernel, launch)
+    r = run_checker(check.dq_kernel, launch_dq_rows_rounded_down)
     assert_hint(r, "unwritten")
     assert "never written" in r.diagnosis() and "S_q is not a multiple of 32" in r.diagnosis()
 
@@ -504,16 +522,19 @@ def test_dkdv_group_of_interleaved_heads_is_named_with_its_map():
     assert "K/V head 0: query heads [0, 2]" in text and "g * GROUP_SIZE + h_kv" in text, r.diagnosis()
 
 
+def launch_dq_grid_over_kv_heads(q, k, v, do, lse, delta, dq, causal, scale):
+    """A dQ grid of B * H_kv programs: under GQA the query heads of the missing programs."""
+    B, H, S_q, D = q.shape
+    backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * k.shape[1])](
+        q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *lse.stride(), *delta.stride(), *dq.stride(), H, H // k.shape[1], S_q, k.shape[2], D, scale,
+        **_common(q, k, scale, causal))
+
+
 def test_dq_grid_over_kv_heads_is_named():
     """A dQ grid of B * H_kv programs under GQA: the query heads of the missing programs are
     never written, the others are right (grid_heads, not a wrong head index)."""
-    def launch(q, k, v, do, lse, delta, dq, causal, scale):
-        B, H, S_q, D = q.shape
-        backward.attn_bwd_dq_kernel[(triton.cdiv(S_q, BLOCK), B * k.shape[1])](
-            q, k, v, do, lse, delta, dq, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
-            *lse.stride(), *delta.stride(), *dq.stride(), H, H // k.shape[1], S_q, k.shape[2], D, scale,
-            **_common(q, k, scale, causal))
-    r = run_checker(check.dq_kernel, launch, gqa=True)
+    r = run_checker(check.dq_kernel, launch_dq_grid_over_kv_heads, gqa=True)
     assert_hint(r, "grid_heads")
     assert "B * H_kv programs ran" in " ".join(r.diagnosis().split()), r.diagnosis()
 

@@ -729,6 +729,13 @@ EDITS = [
     ('05', 'o, lse = flashattn.attention_forward(q, k, v, causal, scale)',
      'q.mul_(scale)\n        o, lse = flashattn.attention_forward(q, k, v, causal, 1.0)',
      'inplace_on_input', 'q.mul_(scale) the caller'),
+    # ---- a loop bound one short: only a length one past a block multiple (S 65) shows it
+    ('03', 'for start_n in range(0, kv_end, BLOCK_N):', 'for start_n in range(0, kv_end - 1, BLOCK_N):',
+     'first_block_only', 'rows 0-63 right, wrong rows 64'),
+    ('04', 'for start_m in range(m_start, S_q, BLOCK_M):', 'for start_m in range(m_start, S_q - 1, BLOCK_M):',
+     'loop_one_block_short', 'match that computation exactly'),
+    ('02o', 'for start in range(0, S_k, block_n):', 'for start in range(0, S_k - 1, block_n):',
+     'online_drop_partial', 'match that computation exactly'),
 ]
 
 

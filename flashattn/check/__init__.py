@@ -12,7 +12,8 @@ A pass prints one line. A failure prints the diagnosis -- the mistake the patter
 points at, with the evidence (which outputs, which cases, what factor, which rows) -- and the
 table of cases, and raises ``AssertionError`` (``raise_on_fail=False`` returns the
 :class:`CheckResult` instead: ``.report()``, ``.table()``, ``.plot()`` for the details).
-The diagnoses and how they are chosen: :mod:`flashattn.check.diagnose`.
+The mistakes it can name, and the order each checker tries them in: :mod:`flashattn.check.checkers`
+(``python -m flashattn.check --list dq_kernel``); how a run becomes a diagnosis: :mod:`flashattn.check.engine`.
 
 The checkers and what they call
 -------------------------------
@@ -44,20 +45,25 @@ import torch
 from .. import runtime
 from .battery import (AUTOGRAD_BATTERY, AUTOGRAD_FLOAT32_CASE, BACKWARD_BATTERY, BATTERY, FORWARD_BATTERY,
                       GQA_CASES, KERNEL_BATTERY, Case, Output)
-from . import rules  # noqa: F401  (registers every diagnosis, in order)
-from .diagnose import RULES, CtxTensors, NoBackwardKernel, NoGradient, ShapeError
+from . import mistakes  # noqa: F401  (registers every mistake; the order is checkers.py's)
+from .checkers import AUTOGRAD, BACKWARD, DKDV, DQ, EVERY, ONLINE, REBUILD_P, STAGES
+from .engine import MISTAKES, verify
+from .errors import CtxTensors, NoBackwardKernel, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
 from .beyond import beyond_backward, window_mask
 from .lazy import lazy_backward
 from .origin import describe_origin
 from .results import CheckFailed, CheckResult, Diagnosis
-from .runner import count_triton_launches, kernel_not_written, launched, run_battery
+from .instruments import count_triton_launches, launched
+from .runner import kernel_not_written, run_battery
+
+verify(STAGES)      # every mistake registered has a place in the order, and every place a mistake
 
 #: The result of the last checker call (pass or fail): ``check.last.report()``, ``.plot()``.
 last: Optional[CheckResult] = None
 
 __all__ = [
-    "Case", "CheckResult", "CheckFailed", "Diagnosis", "RULES", "BATTERY", "last",
+    "Case", "CheckResult", "CheckFailed", "Diagnosis", "MISTAKES", "BATTERY", "last", "orders",
     "attention_backward", "rebuild_p", "online_softmax", "dq_kernel", "dkdv_kernel",
     "autograd_function", "lazy_backward", "window_mask", "beyond_backward", "describe_origin",
 ]
@@ -67,8 +73,8 @@ def _with_gqa(cases, gqa):
     return tuple(cases) + (GQA_CASES if gqa else ())
 
 
-def _variants(kind):
-    return lambda case, x: backward_variants(case, x, kind)
+def _variants(checker):
+    return lambda case, x: backward_variants(case, x, checker)
 
 
 def _default_kernel_dtype():
@@ -94,8 +100,8 @@ def attention_backward(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = F
                 {"dtypes": {"dQ": x.q.dtype, "dK": x.k.dtype, "dV": x.v.dtype}})
 
     return run_battery("check.attention_backward", fn, _with_gqa(cases or BACKWARD_BATTERY, gqa), run_case,
-                       kind="backward", dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed, with_do=True,
-                       variants=_variants("backward"), raise_on_fail=raise_on_fail, show=show)
+                       checker=BACKWARD, dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed, with_do=True,
+                       variants=_variants(BACKWARD), raise_on_fail=raise_on_fail, show=show)
 
 
 def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
@@ -138,10 +144,10 @@ def rebuild_p(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 "p_max_not_lse": {"P": torch.exp(ref.S - ref.S.amax(-1, keepdim=True))},
                 # the row's maximum subtracted on top of the LSE, which already holds it
                 "p_max_and_lse": {"P": torch.exp(ref.S - ref.S.amax(-1, keepdim=True) - lse)},
-                **mask_variants(case, x, "rebuild_p")}
+                **mask_variants(case, x, REBUILD_P)}
 
     return run_battery("check.rebuild_p", fn, _with_gqa(cases or FORWARD_BATTERY, gqa), run_case,
-                       kind="rebuild_p", dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed,
+                       checker=REBUILD_P, dtype=dtype or torch.float32, dtype_given=dtype is not None, seed=seed,
                        with_do=False, variants=variants,
                        raise_on_fail=raise_on_fail, show=show)
 
@@ -179,7 +185,7 @@ def online_softmax(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = False
                 {"dtypes": {"O": x.q.dtype, "LSE": runtime.stats_dtype(x.q.dtype)}})
 
     return run_battery("check.online_softmax", fn, _online_cases(_with_gqa(cases or FORWARD_BATTERY, gqa)),
-                       run_case, kind="online_softmax", dtype=dtype or torch.float32, dtype_given=dtype is not None,
+                       run_case, checker=ONLINE, dtype=dtype or torch.float32, dtype_given=dtype is not None,
                        seed=seed, with_do=False, variants=online_variants,
                        raise_on_fail=raise_on_fail, show=show)
 
@@ -221,8 +227,8 @@ def dq_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = False,
                 {"guard_touched": {"dQ": out.guard_touched()}, "launches": n, "launch_args": record})
 
     return run_battery("check.dq_kernel", launch, _with_gqa(cases or KERNEL_BATTERY, gqa), run_case,
-                       kind="dq", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
-                       variants=_variants("dq"), role="your launcher", raise_on_fail=raise_on_fail,
+                       checker=DQ, dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
+                       variants=_variants(DQ), role="your launcher", raise_on_fail=raise_on_fail,
                        show=show, precheck=lambda: kernel_not_written(launch))
 
 
@@ -251,8 +257,8 @@ def dkdv_kernel(launch, *, dtype: Optional[torch.dtype] = None, gqa: bool = Fals
                  "launch_args": record})
 
     return run_battery("check.dkdv_kernel", launch, _with_gqa(cases or KERNEL_BATTERY, gqa), run_case,
-                       kind="dkdv", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
-                       variants=_variants("dkdv"), role="your launcher", raise_on_fail=raise_on_fail,
+                       checker=DKDV, dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed, with_do=True,
+                       variants=_variants(DKDV), role="your launcher", raise_on_fail=raise_on_fail,
                        show=show, precheck=lambda: kernel_not_written(launch))
 
 
@@ -336,9 +342,14 @@ def autograd_function(fn, *, dtype: Optional[torch.dtype] = None, gqa: bool = Tr
         if dtype is None and _default_kernel_dtype() != torch.float32:
             cases += (AUTOGRAD_FLOAT32_CASE,)
     return run_battery("check.autograd_function", fn, _with_gqa(cases, gqa),
-                       run_case, kind="autograd", dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed,
-                       with_do=True, variants=_variants("autograd"), raise_on_fail=raise_on_fail,
+                       run_case, checker=AUTOGRAD, dtype=dtype or _default_kernel_dtype(), dtype_given=dtype is not None, seed=seed,
+                       with_do=True, variants=_variants(AUTOGRAD), raise_on_fail=raise_on_fail,
                        show=show)
+
+
+def orders() -> dict:
+    """checker name -> the ids of the mistakes it tries, first to last (checkers.py's tables)."""
+    return {c.name: list(c.order) for c in EVERY}
 
 
 class _Swapped(ShapeError):

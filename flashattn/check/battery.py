@@ -104,6 +104,11 @@ class Case:
         return out
 
 
+def aligned(case) -> bool:
+    """Every length a multiple of the largest block: no load needs a mask."""
+    return case.S_q % BLOCKS[-1] == 0 and case.S_k % BLOCKS[-1] == 0
+
+
 def padded_head_dim(D: int) -> bool:
     """Whether a kernel pads head dim D (to a power of two, at least 16): the head-dim mask matters."""
     return D < runtime.head_dim_block(D)
@@ -148,6 +153,11 @@ BATTERY: tuple[Case, ...] = (
     _c("two sequences, one head", 2, 1, 20, 28, 16, False),
 )
 
+#: 65 = 64 + 1 rows and keys: a last block of one row, one key, whatever the block (16, 32, 64). A
+#: loop or grid bound one short (range(0, S_k - 1, BLOCK_N), cdiv(S - 1, BLOCK)) misses exactly
+#: that block, and only a length one past a block multiple shows it.
+LAST_BLOCK_OF_ONE = _c("last block of one (S 65)", 1, 2, 65, 65, 16, True)
+
 #: The kernel checkers' battery: a head dim that is not a power of two as well. Kernels pad D
 #: to BLOCK_D = next_power_of_2(D), so only here does a load or store without the head-dim mask
 #: (offs_d < HEAD_DIM) reach past each row -- into the next row, or the guard after the last.
@@ -157,6 +167,7 @@ KERNEL_BATTERY: tuple[Case, ...] = BATTERY + (
     _c("LSE and delta strided", 1, 2, 24, 24, 16, False, stats_padded="strided"),
     # the output handed as a non-contiguous view: written through its own strides, not a copy
     _c("strided outputs", 1, 2, 24, 24, 16, False, out_layout="bshd"),
+    LAST_BLOCK_OF_ONE,
 )
 
 #: [B, S, H, D] memory with B = 2: batch and heads cannot be merged by .view (with B = 1 they can)
@@ -182,7 +193,8 @@ FORWARD_BATTERY: tuple[Case, ...] = tuple(
     BATCH_OF_TWO_BSHD,
     # scores up to ~150, past float32 exp's range (88.7): exp(S) overflows unless a row's
     # maximum (or its LSE) is subtracted first, as the lessons do
-    _c("large scores (scale 12)", 1, 2, 24, 24, 16, False, scale=12.0),)
+    _c("large scores (scale 12)", 1, 2, 24, 24, 16, False, scale=12.0),
+    LAST_BLOCK_OF_ONE,)
 
 #: Smaller battery for the autograd checker: every case runs the forward and both backward kernels.
 AUTOGRAD_BATTERY: tuple[Case, ...] = (

@@ -13,7 +13,7 @@ The cases mix one sequence and several, S_q != S_k, windows with rows that see n
 dropout 0, 0.2 and 0.5. Outputs are compared per (sequence, head): they are unpacked into
 ``[sequences, H, longest, D]``, zero-padded, so "batch element b" in a table is sequence b.
 The classic mistakes of the lesson are fingerprinted (:func:`_variants`); the diagnoses are
-in :mod:`flashattn.check.beyond_rules`.
+in :mod:`flashattn.check.mistakes.lesson09`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import torch
 
 from .. import runtime
 from .battery import Case
-from .diagnose import DtypeError, ShapeError
+from .checkers import BEYOND, WINDOW
+from .errors import DtypeError, ShapeError
 from .runner import inputs_changed, run_battery, snapshot_inputs
 from .window_edges import edge_formulas
 
@@ -195,7 +196,7 @@ def window_mask(fn, *, raise_on_fail: bool = True, show: bool = True):
                      **edge_formulas(case.S_q, case.S_k, case.window))
         return {n: {"mask": _as_mask_tensor(m)} for n, m in slips.items()}
 
-    return run_battery("check.window_mask", fn, WINDOW_CASES, run_case, kind="window", dtype=torch.float64,
+    return run_battery("check.window_mask", fn, WINDOW_CASES, run_case, checker=WINDOW, dtype=torch.float64,
                        seed=0, with_do=False, raise_on_fail=raise_on_fail, show=show, variants=variants,
                        make=make, tol=1e-12)
 
@@ -494,6 +495,6 @@ def beyond_backward(fn, *, raise_on_fail: bool = True, show: bool = True):
                 raise DtypeError(f"{name} has dtype {t.dtype}, expected {like.dtype} (like {name[1:]})")
         return unpack(case, dict(zip(("dQ", "dK", "dV"), got))), x.expected, {"inputs_modified": modified}
 
-    return run_battery("check.beyond_backward", fn, BEYOND_CASES, run_case, kind="beyond", dtype=torch.float64,
+    return run_battery("check.beyond_backward", fn, BEYOND_CASES, run_case, checker=BEYOND, dtype=torch.float64,
                        seed=0, with_do=True, raise_on_fail=raise_on_fail, show=show,
                        variants=lambda case, x: _variants(case, x), make=_make)

@@ -10,64 +10,19 @@ from typing import Optional
 
 import torch
 
+from .exception_origins import origin_idea
+from .origin import line_shapes, line_tensors, made_by, raising_line, tile_shapes
 from .shape_names import said, size_names, symbolic
 
 _SIZES = re.compile(r"size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\)"
                     r"(?: at non-singleton dimension (\d+))?")
 
 
-def _learners_line(exc: BaseException):
-    """(frame, line number, the line's text, the names on it) of the line of the learner's code
-    that raised -- the innermost frame outside this package and the installed libraries -- or
-    None. The frame's variables say what the error's sizes belong to, instead of a guess."""
-    from .origin import learners_frame
-
-    found = learners_frame(exc)
-    if found is None:
-        return None
-    f, lineno = found
-    line = linecache.getline(f.f_code.co_filename, lineno)
-    return f, lineno, line, list(dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line)))
-
-
-def _line_tensors(exc: BaseException) -> dict:
-    """name -> tensor, for the tensors named on the learner's line that raised."""
-    found = _learners_line(exc)
-    if found is None:
-        return {}
-    f, _, _, names = found
-    return {n: f.f_locals[n] for n in names if isinstance(f.f_locals.get(n), torch.Tensor)}
-
-
-def _shapes(exc: BaseException) -> dict:
-    return {n: tuple(t.shape) for n, t in _line_tensors(exc).items()}
-
-
-def _tile_shapes(exc: BaseException) -> dict:
-    """name -> shape of the Triton tiles named on the kernel line that raised (the interpreter
-    runs the kernel as Python, so its frame holds them), e.g. {'q': (32, 16), 'k': (32, 16)}."""
-    found = _learners_line(exc)
-    if found is None:
-        return {}
-    f, _, _, names = found
-    out = {}
-    for n in names:
-        value = f.f_locals.get(n)
-        shape = getattr(value, "shape", None)     # a tuple of constexpr (Triton's own tuple type)
-        if value is None or isinstance(value, torch.Tensor) or not shape:
-            continue
-        try:
-            out[n] = tuple(int(getattr(d, "value", d)) for d in shape)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
 def _dot_idea(r) -> Optional[str]:
     """tl.dot with inner dimensions that differ: which operand needs tl.trans."""
     if not re.search(r"equal reduction dimensions|not compatible for matmul", str(r.error)):
         return None
-    tiles = "; ".join(f"{n} {list(sh)}" for n, sh in _tile_shapes(r.error).items())
+    tiles = "; ".join(f"{n} {list(sh)}" for n, sh in tile_shapes(r.error).items())
     return ("A tl.dot's inner dimensions differ: tl.dot(a, b) multiplies a [M, K] by b [K, N]"
             + (f" (on the line shown: {tiles})" if tiles else "") + ". Every tile is loaded a row per "
             "position -- q, do [BLOCK_M, BLOCK_D]; k, v [BLOCK_N, BLOCK_D] -- so S = Q K^T is "
@@ -82,10 +37,10 @@ def _scalar_tensor_idea(r) -> Optional[str]:
     compiled = type(r.error).__name__ in ("CompilationError", "InterpreterError")   # (a GPU says less)
     if not compiled and not re.search(r"pointer<|must be (?:an )?int|only integer|expected an integer", str(r.error)):
         return None
-    scalars = [n for n, t in _line_tensors(r.error).items() if t.dim() == 0 and not t.dtype.is_floating_point]
+    scalars = [n for n, t in line_tensors(r.error).items() if t.dim() == 0 and not t.dtype.is_floating_point]
     if not scalars:
         return None
-    made = _made_by(r.error, scalars)
+    made = made_by(r.error, scalars)
     origin = "".join(f" {n} is made by `{made[n]}`." for n in scalars if n in made)
     return (f"{', '.join(scalars)} {'is a 0-d tensor' if len(scalars) == 1 else 'are 0-d tensors'}, not Python "
             f"ints, where the call wants numbers (a kernel takes a tensor argument as a pointer).{origin} Indexing "
@@ -94,7 +49,7 @@ def _scalar_tensor_idea(r) -> Optional[str]:
 
 
 def _bool_names(exc: BaseException) -> set:
-    return {n for n, t in _line_tensors(exc).items() if t.dtype == torch.bool}
+    return {n for n, t in line_tensors(exc).items() if t.dtype == torch.bool}
 
 
 def _row_vector_on_keys(shapes: dict, sizes: set, line: str) -> Optional[tuple]:
@@ -160,7 +115,7 @@ def _autograd_idea(r, sources: list) -> Optional[str]:
 def _used_before_assigned(r) -> Optional[str]:
     """UnboundLocalError for a name the function assigns only *below* the line that used it."""
     m = re.search(r"local variable '(\w+)'", str(r.error))
-    found = _learners_line(r.error) if m else None
+    found = raising_line(r.error) if m else None
     if not found:
         return None
     f, lineno, _, _ = found
@@ -203,7 +158,7 @@ def _loop_left_behind(path: str, lineno: int, assign) -> Optional[str]:
 def _undefined_name(r) -> Optional[str]:
     """NameError: the names the failing frame does have that look like it (o for O, d_q for dq)."""
     m = re.search(r"name '(\w+)' is not defined", str(r.error))
-    found = _learners_line(r.error) if m else None
+    found = raising_line(r.error) if m else None
     if not found:
         return None
     import difflib
@@ -233,7 +188,7 @@ def _specific_idea(r, sources: list = ()):
                 f"*replaces* what the previous one saved, so ctx.saved_tensors holds the last call's tensors only. "
                 f"Save everything in one call, ctx.save_for_backward(q, k, v, o, lse).")
     if re.search(r"cannot be multiplied|size mismatch|Expected size for first two dimensions", message) and "@" in line:
-        shapes, names = _shapes(r.error), size_names(c)
+        shapes, names = line_shapes(r.error), size_names(c)
         same = [n for n, sh in shapes.items() if list(shapes.values()).count(sh) > 1 and len(sh) >= 2]
         # alike by their sizes' names too: [S_q, D] and [S_q, S_k] are not alike where S_k = D
         alike = symbolic(shapes[same[0]][-2:], names) if same else []
@@ -278,7 +233,7 @@ def _specific_idea(r, sources: list = ()):
     if not m:
         return None
     sizes = {int(m.group(1)), int(m.group(2))}
-    shapes = _shapes(r.error)
+    shapes = line_shapes(r.error)
     packed = _packed_layout_idea(shapes, sizes, c)
     if packed:
         return packed
@@ -312,7 +267,7 @@ def _specific_idea(r, sources: list = ()):
                     f"round here ({m.group(1)} vs {m.group(2)}).")
         twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", line)
         made = "" if twice else next((f"{n} is {list(shapes[n])}, made by `{t}`: " for n, t in
-                                      _made_by(r.error, shapes).items()
+                                      made_by(r.error, shapes).items()
                                       if re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", t)), "")
         if not twice and made:     # the operand was made a line or two above, from one length twice
             twice = re.search(r"(\w+)\(\s*([^,()]+)\s*,\s*\2\s*[,)]", made)
@@ -333,7 +288,7 @@ def _specific_idea(r, sources: list = ()):
         # no tensors to read, as before); otherwise the sizes idea lists them with their origins
         flipped = [n for n, sh in shapes.items() if len(sh) >= 2 and sh[-2:] == (S_k, S_q)]
         if rows and (flipped or not shapes):
-            made = _made_by(r.error, flipped[:1])
+            made = made_by(r.error, flipped[:1])
             which = (f"{flipped[0]} {said(shapes[flipped[0]], size_names(c))}"
                      + (f", from `{made[flipped[0]]}`," if flipped[0] in made else "")
                      + " is the transpose of the [S_q, S_k] it meets here" if flipped else
@@ -361,7 +316,7 @@ def _product_idea(exc, line: str, shapes: dict, names: dict) -> Optional[str]:
         if sa[-1] == sb[-2]:
             continue
         A, B = a + ("^T" if ta else ""), b + ("^T" if tb else "")
-        made = _made_by(exc, [a, b])
+        made = made_by(exc, [a, b])
         origins = "".join(f" {n} is made by `{made[n]}`." for n in (a, b) if n in made)
         square = next((n for n, sh in ((a, sa), (b, sb)) if sh[-1] == sh[-2] and
                        symbolic(sh[-2:], names)[0] in ("S_q", "S_k")), None)
@@ -396,12 +351,12 @@ def _dtype_idea(r) -> Optional[str]:
     (the lower precision: the one that missed its cast) and the line that made it."""
     if not re.search(r"same dtype|dtype mismatch|expected scalar type|expected m1 and m2", str(r.error)):
         return None
-    floats = {n: t.dtype for n, t in _line_tensors(r.error).items() if t.is_floating_point()}
+    floats = {n: t.dtype for n, t in line_tensors(r.error).items() if t.is_floating_point()}
     kinds = set(floats.values())
     if len(kinds) != 2:
         return None
     low, high = sorted(kinds, key=lambda d: d.itemsize)
-    line = _learners_line(r.error)[2]
+    line = raising_line(r.error)[2]
     # a cast down on the line itself (p.to(v.dtype), x.half()): the cast is the odd operand, and a
     # name read only for its .dtype is no operand at all
     cast = re.search(r"([A-Za-z_][\w.]*)\.(?:to\(\s*(\w+)\.dtype\s*\)|half\(\)|bfloat16\(\)|"
@@ -411,7 +366,7 @@ def _dtype_idea(r) -> Optional[str]:
                 f"{high}: a product of the two raises. Keep the running values in fp32 (no cast inside the loop) "
                 f"and cast the result once, at the end, with .to(q.dtype).")
     odd = [n for n, d in floats.items() if d == low]
-    made = _made_by(r.error, odd)
+    made = made_by(r.error, odd)
     where = f" (made by `{made[odd[0]]}`)" if odd[0] in made else ""
     return (f"{', '.join(odd)} {'is' if len(odd) == 1 else 'are'} {low} while {'the rest' if len(floats) > 2 else 'the other'} "
             f"of the line {'are' if len(floats) > 2 else 'is'} {high}{where}: {odd[0]} missed the cast its "
@@ -422,7 +377,7 @@ def _dtype_idea(r) -> Optional[str]:
 def _built_from_wrong_length(exc, shapes: dict, sizes: set, names: dict) -> Optional[str]:
     """A position vector from torch.arange (one axis longer than 1) whose length is one of the
     clashing sizes, beside an operand that holds the other one: built from the wrong length."""
-    made = _made_by(exc, shapes)
+    made = made_by(exc, shapes)
     for n, sh in shapes.items():
         long_axes = [d for d in sh if d != 1]
         if "arange(" not in made.get(n, "") or len(long_axes) != 1 or long_axes[0] not in sizes:
@@ -502,35 +457,16 @@ def _packed_layout_idea(shapes: dict, sizes: set, case=None) -> Optional[str]:
     return None
 
 
-def _made_by(exc: BaseException, names) -> dict:
-    """name -> the line of the learner's function that last assigned it before the line that
-    raised (where a wrong shape was made, often a line or two above where it is used)."""
-    found = _learners_line(exc)
-    if found is None:
-        return {}
-    f, lineno, _, _ = found
-    path, first = f.f_code.co_filename, f.f_code.co_firstlineno
-    out = {}
-    for name in names:
-        target = re.compile(rf"^\s*(?:[\w\s,\[\]]*,\s*)?{re.escape(name)}\s*(?:,[\w\s,\[\]]*)?=(?!=)")
-        for n in range(lineno - 1, first - 1, -1):
-            line = linecache.getline(path, n)
-            if target.match(line):
-                out[name] = line.split("#")[0].strip()
-                break
-    return out
-
-
 def _matmul_idea(r) -> Optional[str]:
     """A matrix product whose inner dimensions disagree: its operands' shapes and the lines that
     made them (the wrong one is often made a line or two above, by @ where * belongs)."""
     if not re.search(r"mat1 and mat2|cannot be multiplied|size mismatch|Expected size for first two dimensions",
                      str(r.error)):
         return None
-    shapes = _shapes(r.error)
+    shapes = line_shapes(r.error)
     if not shapes:
         return None
-    made = _made_by(r.error, shapes)
+    made = made_by(r.error, shapes)
     known = "; ".join(f"{n} {list(sh)}" + (f" from `{made[n]}`" if n in made else "") for n, sh in shapes.items())
     return (f"A matrix product's inner dimensions do not agree (its tensors: {known}). Check which operand "
             f"is transposed (Q K^T, P^T dO, dO V^T, dS K, dS^T Q) -- and how each was made: an operand "
@@ -552,9 +488,9 @@ def _sizes_idea(r) -> Optional[str]:
     m = _SIZES.search(str(r.error))
     if not m:
         return None
-    shapes = _shapes(r.error)
+    shapes = line_shapes(r.error)
     dim = f" at dimension {m.group(3)}" if m.group(3) else ""
-    made = _made_by(r.error, shapes)
+    made = made_by(r.error, shapes)
     known = "; ".join(f"{n} {list(sh)}" + (f" from `{made[n]}`" if n in made else "") for n, sh in shapes.items())
     return (f"Two operands' shapes do not line up: sizes {m.group(1)} and {m.group(2)} met{dim} on the line "
             f"shown{f' (its tensors: {known})' if known else ''}. Write down the shape of every operand on "
@@ -653,7 +589,7 @@ def substitution_story(results: list) -> Optional[tuple]:
 
 def exception_idea(raised: list, sep, sources: list = ()) -> Optional[str]:
     """The idea for the exceptions in ``raised`` (case results); ``sep``: the property that sets
-    the raising cases apart, as :func:`flashattn.check.diagnose.separating` gives it;
+    the raising cases apart, as :func:`flashattn.check.evidence.separating` gives it;
     ``sources``: the learner's source texts."""
     # a case whose sizes all differ first: there every size in the story has one name
     distinct = lambda r: len({getattr(r.case, a, None) for a in ("S_q", "S_k", "D")}) == 3   # noqa: E731
@@ -661,7 +597,6 @@ def exception_idea(raised: list, sep, sources: list = ()) -> Optional[str]:
     idea = next((i for i in (_specific_idea(r, sources) for r in raised) if i), None)
     if idea:
         return idea
-    from .exception_origins import origin_idea      # it imports this module's readers
 
     idea = next((i for i in (origin_idea(r) for r in raised) if i), None)
     if idea:

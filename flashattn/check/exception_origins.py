@@ -16,11 +16,11 @@ from typing import Optional
 
 import torch
 
-from .exception_ideas import _learners_line, _made_by, _tile_shapes
+from .origin import made_by, raising_line, tile_shapes
 from .shape_names import said, size_names
 
 
-def _chain(exc: BaseException) -> list:
+def exception_chain(exc: BaseException) -> list:
     """The exception and the ones it wraps (Triton's compile error wraps the shape error)."""
     out = []
     while exc is not None and exc not in out:
@@ -32,7 +32,7 @@ def _chain(exc: BaseException) -> list:
 def _compiled_made_by(exc: BaseException, name: str) -> str:
     """The kernel source's last line above the failing one that assigns ``name``, for a compile
     error (a GPU compiles the kernel: no frame holds its variables, the error holds its source)."""
-    for e in _chain(exc):
+    for e in exception_chain(exc):
         src, node = getattr(e, "src", None), getattr(e, "node", None)
         if isinstance(src, str) and getattr(node, "lineno", None):
             target = re.compile(rf"^\s*{re.escape(name)}\s*=(?!=)")
@@ -44,17 +44,17 @@ def _compiled_made_by(exc: BaseException, name: str) -> str:
 def _accumulator_idea(r) -> Optional[str]:
     """``acc += product`` raising on shapes: the accumulator was made with the wrong shape."""
     if not any(re.search(r"incompatible dimensions|make_shape_compatible|must match the size", str(e))
-               for e in _chain(r.error)):
+               for e in exception_chain(r.error)):
         return None
     line = r.error_where.split(" -> ", 1)[-1] if r.error_where else ""
     m = re.match(r"\s*(\w+)\s*(?:[-+*]=|=\s*\1\s*[-+*])", line)
     if not m:
         return None
     acc = m.group(1)
-    made = _made_by(r.error, [acc]).get(acc, "") or _compiled_made_by(r.error, acc)
+    made = made_by(r.error, [acc]).get(acc, "") or _compiled_made_by(r.error, acc)
     if not re.search(r"\b(?:zeros|full|empty)\w*\(", made):
         return None
-    shape = _tile_shapes(r.error).get(acc)
+    shape = tile_shapes(r.error).get(acc)
     tile = f" ({list(shape)})" if shape else ""
     return (f"{acc} is made by `{made}`{tile}, and what the line adds to it has another shape: an "
             f"accumulator has its result's shape. dQ accumulates dS K: [BLOCK_M, BLOCK_D] (a row per query, "
@@ -66,7 +66,7 @@ def _index_past_end(r) -> Optional[str]:
     """``x[b + 1]`` out of range inside ``for b in range(len(x))``: the loop runs once too often."""
     if not re.search(r"out of range|out of bounds", str(r.error)):
         return None
-    found = _learners_line(r.error)
+    found = raising_line(r.error)
     if found is None:
         return None
     f, lineno, line, _ = found
@@ -114,7 +114,7 @@ def _argument_from_caller(r) -> Optional[str]:
     f, _ = found
     frames = [fr for fr, _ in error_frames(r.error)]
     caller = frames[frames.index(f) - 1] if f in frames and frames.index(f) > 0 else None
-    line_found = _learners_line(r.error)
+    line_found = raising_line(r.error)
     if caller is None or line_found is None:
         return None
     sizes = {int(m.group(1)), int(m.group(2))}
@@ -163,7 +163,7 @@ def _arity_idea(r) -> Optional[str]:
     m = _ARITY.search(str(r.error))
     if not m:
         return None
-    found = _learners_line(r.error)
+    found = raising_line(r.error)
     extra = ""
     if found is not None:
         f = found[0]

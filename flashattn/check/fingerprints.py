@@ -15,6 +15,7 @@ import torch
 from ..reference import causal_mask, repeat_kv, sum_groups
 from ..verify import per_head_relative_error
 from .battery import BLOCKS, Case, Inputs
+from .checkers import AUTOGRAD, BACKWARD, DKDV, DQ, KERNELS, REBUILD_P
 
 
 def _matches(actual: torch.Tensor, expected: torch.Tensor, tol: float) -> bool:
@@ -55,7 +56,7 @@ def _grads_from_p(case: Case, x: Inputs, P: torch.Tensor, dP=None, delta=None, d
     return {n: g.to(x.q.dtype).to(torch.float64) for n, g in grads.items()}
 
 
-def _visited(case: Case, kind: str, block: int, device, causal: Optional[bool] = None) -> torch.Tensor:
+def _visited(case: Case, checker, block: int, device, causal: Optional[bool] = None) -> torch.Tensor:
     """[S_q, S_k]: the (query, key) pairs a dQ (or dK/dV) kernel with square ``block`` tiles
     visits -- every pair of the tiles its loop bounds reach, visible or not (``causal``: the
     loop bounds of that setting, whatever the case's)."""
@@ -63,17 +64,17 @@ def _visited(case: Case, kind: str, block: int, device, causal: Optional[bool] =
     j = torch.arange(case.S_k, device=device)[None, :]
     if not (case.causal if causal is None else causal):
         return torch.ones(case.S_q, case.S_k, dtype=torch.bool, device=device)
-    if kind == "dq":                       # keys up to the end of the query block
+    if checker is DQ:                       # keys up to the end of the query block
         return j < (i // block + 1) * block
     return i >= (j // block) * block       # dkdv: query blocks from the key block's diagonal on
 
 
-def _visited_one_short(case: Case, kind: str, block: int, device) -> torch.Tensor:
+def _visited_one_short(case: Case, checker, block: int, device) -> torch.Tensor:
     """[S_q, S_k]: the pairs a loop reaches whose stop is one block short, range(start, end - BLOCK,
     BLOCK): the block that starts at or past end - BLOCK is never visited."""
     i = torch.arange(case.S_q, device=device)[:, None]
     j = torch.arange(case.S_k, device=device)[None, :]
-    if kind == "dq":                       # key blocks of query block i // block
+    if checker is DQ:                       # key blocks of query block i // block
         end = torch.clamp((i // block + 1) * block, max=case.S_k) if case.causal else torch.full_like(i, case.S_k)
         return (j // block) * block < end - block
     start = (j // block) * block if case.causal else torch.zeros_like(j)     # query blocks of key block j
@@ -98,7 +99,7 @@ def _mask(case: Case, P: torch.Tensor) -> torch.Tensor:
     return P.masked_fill(~causal_mask(case.S_q, case.S_k, P.device), 0.0)
 
 
-def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
+def backward_variants(case: Case, x: Inputs, checker) -> dict:
     """name -> {output name: tensor} for the backward checkers (backward, dq, dkdv, autograd)."""
     ref = x.ref
     H, Hk, s = case.H, case.heads_kv, case.scale_value
@@ -114,7 +115,7 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
     out["unscaled_s:softmax"] = _grads_from_p(case, x, torch.softmax(masked, dim=-1))
     out["exp2"] = _grads_from_p(case, x, torch.exp2(ref.S - lse))       # exp2(-inf) = 0 keeps the mask
     out["dp_operand"] = _grads_from_p(case, x, ref.P, dP=ref.dO @ k_full.transpose(-1, -2))
-    if kind == "backward":                                               # a softmax over the queries
+    if checker is BACKWARD:                                               # a softmax over the queries
         # delta = (do * o).mean(-1): the row sum divided by D
         out["delta_mean"] = _grads_from_p(case, x, ref.P, delta=ref.delta[..., None] / case.D)
         # delta = (do * o).sum(): one number for the whole batch, not one per query row
@@ -136,17 +137,17 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["log_softmax"] = _grads_from_p(case, x, torch.log_softmax(ref.S, dim=-1))
         twice = ref.S * s                                                # the scale applied twice
         out["scale_twice"] = _grads_from_p(case, x, torch.softmax(twice, dim=-1))
-    if kind in ("dq", "dkdv"):                                           # scores scaled again before exp
+    if checker in KERNELS:                                           # scores scaled again before exp
         out["scale_twice"] = _grads_from_p(case, x, torch.where(torch.isfinite(ref.S), torch.exp(ref.S * s - lse), 0.0))
-    if kind in ("backward", "dq", "dkdv"):                               # dP = dO V^T * scale
+    if checker in (BACKWARD, DQ, DKDV):                               # dP = dO V^T * scale
         out["dp_scaled"] = _grads_from_p(case, x, ref.P, dP=ref.dP * s)
-    if kind in ("dkdv", "dq"):
+    if checker in KERNELS:
         visible = torch.isfinite(ref.S)
         for block in BLOCKS:
-            seen = _visited(case, kind, block, ref.S.device)
+            seen = _visited(case, checker, block, ref.S.device)
             out[f"ds_no_p:{block}"] = _grads_from_p(case, x, ref.P, dS=(ref.dP - ref.delta[..., None]) * seen)
             # range(start, end - BLOCK, BLOCK): the loop's last block never visited
-            short = _visited_one_short(case, kind, block, ref.S.device)
+            short = _visited_one_short(case, checker, block, ref.S.device)
             out[f"loop_one_block_short:{block}"] = _grads_from_p(case, x, ref.P * short, dS=ref.dS * short)
             lse_t = _tile_transposed(ref.LSE, case, block)
             P_t = torch.where(visible, torch.exp(ref.S - lse_t), 0.0)
@@ -158,21 +159,21 @@ def backward_variants(case: Case, x: Inputs, kind: str) -> dict:
         for b in names:
             if a < b and refs[a].shape == refs[b].shape:
                 out[f"swapped:{a}{b}"] = {a: refs[b], b: refs[a]}
-    if kind in ("dkdv", "dq"):
-        out.update(_tile_variants(case, x, kind))
+    if checker in KERNELS:
+        out.update(_tile_variants(case, x, checker))
         for block in BLOCKS:
-            out[f"last_block_{block}"] = _last_block(case, x, kind, block)
-            out[f"scale_in_loop:{block}"] = _scale_in_loop(case, x, kind, block)
-            if kind == "dkdv" and case.heads_kv != case.H:   # dk = ... in the loop over the group too
-                out[f"last_block_{block}:last_head"] = _last_block(case, x, kind, block, last_head=True)
-    out.update(_slip_variants(case, x, kind))
-    out.update(mask_variants(case, x, kind))
-    out.update(_argument_variants(case, x, kind))
+            out[f"last_block_{block}"] = _last_block(case, x, checker, block)
+            out[f"scale_in_loop:{block}"] = _scale_in_loop(case, x, checker, block)
+            if checker is DKDV and case.heads_kv != case.H:   # dk = ... in the loop over the group too
+                out[f"last_block_{block}:last_head"] = _last_block(case, x, checker, block, last_head=True)
+    out.update(_slip_variants(case, x, checker))
+    out.update(mask_variants(case, x, checker))
+    out.update(_argument_variants(case, x, checker))
     out.update(_operand_variants(case, x))
     return out
 
 
-def _tile_variants(case: Case, x: Inputs, kind: str) -> dict:
+def _tile_variants(case: Case, x: Inputs, checker) -> dict:
     """Kernel slips tied to the tiles: the causal loop bounds applied without the causal mask
     (the dQ loop stopped at the query block's end, the dK/dV loop started at the key block's
     diagonal, in a case that is not causal); a tile transposed once more in the product (dK +=
@@ -186,18 +187,18 @@ def _tile_variants(case: Case, x: Inputs, kind: str) -> dict:
     out = {}
     for block in BLOCKS:
         if not case.causal:
-            bounded = _visited(case, kind, block, ref.S.device, causal=True)
+            bounded = _visited(case, checker, block, ref.S.device, causal=True)
             out[f"causal_bounds_unguarded:{block}"] = _grads_from_p(case, x, _from_lse(case, x, bounded))
-            if kind == "dq":         # the key loop run to S_q: with one query block, the same keys
+            if checker is DQ:         # the key loop run to S_q: with one query block, the same keys
                 j = torch.arange(case.S_k, device=ref.S.device)[None, :]
                 to_sq = (j < -(-case.S_q // block) * block).expand(case.S_q, case.S_k)
                 out[f"key_loop_to_sq:{block}"] = _grads_from_p(case, x, _from_lse(case, x, to_sq))
         dS_t = _tile_transpose_matrix(ref.dS, case, block)
-        if kind == "dkdv" and block == BLOCKS[0]:   # dK's product added into dV (or dV's into dK)
+        if checker is DKDV and block == BLOCKS[0]:   # dK's product added into dV (or dV's into dK)
             dK_raw = sum_groups(ref.dS.transpose(-1, -2) @ q, Hk)
             out["accumulated_into_other:dV"] = {"dK": torch.zeros_like(ref.dK), "dV": dt(ref.dV + dK_raw)}
             out["accumulated_into_other:dK"] = {"dK": dt((dK_raw + ref.dV) * s), "dV": torch.zeros_like(ref.dV)}
-        if kind == "dkdv":
+        if checker is DKDV:
             P_t = _tile_transpose_matrix(ref.P, case, block)
             out[f"tile_transposed_again:{block}dK"] = {"dK": dt(sum_groups(dS_t.transpose(-1, -2) @ q, Hk) * s)}
             out[f"tile_transposed_again:{block}dV"] = {"dV": dt(sum_groups(P_t.transpose(-1, -2) @ ref.dO, Hk))}
@@ -206,13 +207,13 @@ def _tile_variants(case: Case, x: Inputs, kind: str) -> dict:
     return out
 
 
-def _slip_variants(case: Case, x: Inputs, kind: str) -> dict:
+def _slip_variants(case: Case, x: Inputs, checker) -> dict:
     """Precedence slips and a wrong scale value: dS = P * dP - delta (the parentheses dropped),
     P = exp(S) - LSE (the LSE subtracted after the exponential), everything computed with a
     scale of 1/D or 1 instead of the one given."""
     ref = x.ref
     out = {}
-    if kind == "autograd":          # the package's own kernels run: only the scale can slip
+    if checker is AUTOGRAD:          # the package's own kernels run: only the scale can slip
         for label, value in (("1/D", 1.0 / case.D), ("1", 1.0), ("1/sqrt(S_q)", case.S_q ** -0.5),
                              ("1/sqrt(S_k)", case.S_k ** -0.5), ("sqrt(D)", case.D ** 0.5)):
             if abs(value - case.scale_value) <= 1e-9:
@@ -229,11 +230,11 @@ def _slip_variants(case: Case, x: Inputs, kind: str) -> dict:
     out["exp_minus_lse:unmasked"] = _grads_from_p(case, x, torch.exp(masked_s) - lse)
     out["exp_minus_lse:masked"] = _grads_from_p(case, x, torch.where(visible, torch.exp(masked_s) - lse, 0.0))
     out["lse_added"] = _grads_from_p(case, x, torch.where(visible, torch.exp(masked_s + lse), 0.0))
-    if kind == "backward":
+    if checker is BACKWARD:
         out["ds_precedence"] = _grads_from_p(case, x, ref.P, dS=ref.P * ref.dP - ref.delta[..., None])
     else:                                                  # only the tiles a kernel visits subtract delta
         for block in BLOCKS:
-            seen = _visited(case, kind, block, ref.S.device)
+            seen = _visited(case, checker, block, ref.S.device)
             out[f"ds_precedence:{block}"] = _grads_from_p(case, x, ref.P, dS=ref.P * ref.dP - ref.delta[..., None] * seen)
     for label, value in (("1/D", 1.0 / case.D), ("1", 1.0)):
         if abs(value - case.scale_value) > 1e-9:
@@ -292,25 +293,25 @@ def _from_lse(case: Case, x: Inputs, allowed: torch.Tensor, lse=None) -> torch.T
     return torch.where(allowed, torch.exp(_scores(case, x) - lse[..., None]), 0.0)
 
 
-def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
+def mask_variants(case: Case, x: Inputs, checker) -> dict:
     """The causal mask gone wrong: missing, inverted, hiding the diagonal, pointing the wrong
     way, transposed inside a tile, the diagonal tile skipped, S = 0 instead of -inf, applied
-    after the softmax. Each as the kernel (or the PyTorch function) of ``kind`` computes it."""
+    after the softmax. Each as the kernel (or the PyTorch function) of ``checker`` computes it."""
     dev = x.ref.S.device
     i = torch.arange(case.S_q, device=dev)[:, None]
     j = torch.arange(case.S_k, device=dev)[None, :]
     visible = j <= i
     if not case.causal:         # `if not causal:`: the mask applied exactly where it does not belong
-        if kind == "rebuild_p":
+        if checker is REBUILD_P:
             return {"mask_applied": {"P": _from_lse(case, x, visible)}}
-        if kind == "backward":
+        if checker is BACKWARD:
             P = torch.softmax(_scores(case, x).masked_fill(~visible, float("-inf")), dim=-1)
             return {"mask_applied": _grads_from_p(case, x, P),
                     "mask_applied:own_delta": _grads_from_p(case, x, P, delta=(P * x.ref.dP).sum(-1, keepdim=True))}
         return {}
     S = _scores(case, x)
     out = {}
-    if kind == "rebuild_p":
+    if checker is REBUILD_P:
         out["no_mask"] = {"P": _from_lse(case, x, torch.ones_like(visible))}
         out["mask_inverted"] = {"P": _from_lse(case, x, ~visible)}
         out["mask_strict"] = {"P": _from_lse(case, x, j < i)}
@@ -319,7 +320,7 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
         out["mask_ge"] = {"P": _from_lse(case, x, j >= i)}
         out["mask_bottom_right"] = {"P": _from_lse(case, x, j <= i + case.S_k - case.S_q)}
         return out
-    if kind == "backward":      # P from a softmax in the learner's function
+    if checker is BACKWARD:      # P from a softmax in the learner's function
         wrong = {"no_mask": torch.softmax(S, dim=-1),
                  "mask_zero": torch.softmax(torch.where(visible, S, 0.0), dim=-1),
                  "mask_after_softmax": torch.softmax(S, dim=-1) * visible,
@@ -334,12 +335,12 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
             # delta as rowsum(P * dP) from that same wrong P, instead of rowsum(dO * O)
             out[name + ":own_delta"] = _grads_from_p(case, x, P, delta=(P * x.ref.dP).sum(-1, keepdim=True))
         return out
-    if kind == "autograd":
+    if checker is AUTOGRAD:
         out.update(_autograd_mask_variants(case, x, S, visible))
         return out
     out["mask_strict"] = _grads_from_p(case, x, _from_lse(case, x, j < i))
     for block in BLOCKS:
-        seen = _visited(case, kind, block, dev)
+        seen = _visited(case, checker, block, dev)
         out[f"no_mask:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen))
         out[f"mask_ge:{block}"] = _grads_from_p(case, x, _from_lse(case, x, seen & (j >= i)))
         # one key further (j <= i + 1): the loop's bounds still stop at the tiles it visits
@@ -353,9 +354,9 @@ def mask_variants(case: Case, x: Inputs, kind: str) -> dict:
             out[f"mask_tile_transposed:{block}{direction}"] = _grads_from_p(case, x, _from_lse(case, x, seen & allowed))
         # the loop visits the diagonal tile only: dQ's key loop starts at its own block, dK/dV's
         # query loop stops after the key block's own tile
-        only = (j >= m0) if kind == "dq" else (i < n0 + block)
+        only = (j >= m0) if checker is DQ else (i < n0 + block)
         out[f"only_diagonal_tile:{block}"] = _grads_from_p(case, x, _from_lse(case, x, visible & only))
-        skip = (j < m0) if kind == "dq" else (i >= n0 + block)     # the loop starts or ends one tile early
+        skip = (j < m0) if checker is DQ else (i >= n0 + block)     # the loop starts or ends one tile early
         out[f"diag_tile_skipped:{block}"] = _grads_from_p(case, x, _from_lse(case, x, visible & skip))
     out["no_mask:all"] = _grads_from_p(case, x, _from_lse(case, x, torch.ones_like(visible)))
     return out
@@ -389,29 +390,29 @@ def _tile_transpose_matrix(M: torch.Tensor, case: Case, block: int) -> torch.Ten
     return torch.where(ok, picked, torch.zeros((), dtype=M.dtype, device=dev))
 
 
-def _argument_variants(case: Case, x: Inputs, kind: str) -> dict:
+def _argument_variants(case: Case, x: Inputs, checker) -> dict:
     """Mistakes in what is handed to a kernel or where a kernel looks: LSE and delta swapped,
     dP's tile not transposed, the query block taken from the program id, one head per group."""
     ref = x.ref
     out = {}
     visible = torch.isfinite(ref.S)
-    if kind in ("dq", "autograd", "dkdv"):
+    if checker in (DQ, AUTOGRAD, DKDV):
         swapped = torch.where(visible, torch.exp(_scores(case, x) - ref.delta[..., None]), 0.0)
         out["lse_delta_swapped"] = _grads_from_p(case, x, swapped, delta=ref.LSE[..., None])
         out["delta_is_lse"] = _grads_from_p(case, x, ref.P, delta=ref.LSE[..., None])
-    if kind in ("backward", "dq", "dkdv"):
+    if checker in (BACKWARD, DQ, DKDV):
         out["delta_rowsum_dp"] = _grads_from_p(case, x, ref.P, delta=ref.dP.sum(-1, keepdim=True))
-    if kind in ("dq", "autograd") and x.k.shape == x.v.shape:      # the kernel called with (q, v, k, ...)
+    if checker in (DQ, AUTOGRAD) and x.k.shape == x.v.shape:      # the kernel called with (q, v, k, ...)
         k_full = repeat_kv(x.k.to(torch.float64), case.H)
         v_full = repeat_kv(x.v.to(torch.float64), case.H)
         S_vk = x.q.to(torch.float64) @ v_full.transpose(-1, -2) * case.scale_value
         P_vk = torch.where(visible, torch.exp(S_vk - ref.LSE[..., None]), 0.0)
         dS_vk = P_vk * (ref.dO @ k_full.transpose(-1, -2) - ref.delta[..., None])
         out["kv_swapped"] = {"dQ": (dS_vk @ v_full * case.scale_value).to(x.q.dtype).to(torch.float64)}
-    if kind == "dq":
+    if checker is DQ:
         for block in BLOCKS:
             out[f"dp_tile_transposed:{block}"] = _grads_from_p(case, x, ref.P, dP=_tile_transpose_matrix(ref.dP, case, block))
-    if kind != "dkdv":
+    if checker is not DKDV:
         return out
     H, Hk, s = case.H, case.heads_kv, case.scale_value
     q = x.q.to(torch.float64)
@@ -527,7 +528,7 @@ def _online(case: Case, x: Inputs, scale: float, p_exp, slip: str = "") -> dict:
     return {"O": o, "LSE": (m + torch.log(l))[..., 0]}
 
 
-def _scale_in_loop(case: Case, x: Inputs, kind: str, block: int) -> dict:
+def _scale_in_loop(case: Case, x: Inputs, checker, block: int) -> dict:
     """The outputs if the final ``acc = acc * scale`` sat inside the loop: every iteration
     multiplies all that was accumulated so far, so the t-th of T contributions carries
     scale^(T - t + 1). dQ's loop runs over the key blocks; dK's over the group's heads, then
@@ -536,7 +537,7 @@ def _scale_in_loop(case: Case, x: Inputs, kind: str, block: int) -> dict:
     H, Hk, s = case.H, case.heads_kv, case.scale_value
     q = x.q.to(torch.float64)
     k_full = repeat_kv(x.k.to(torch.float64), H)
-    if kind == "dq":
+    if checker is DQ:
         dq = torch.zeros_like(ref.dQ)
         for m0 in range(0, case.S_q, block):
             rows = slice(m0, m0 + block)
@@ -559,14 +560,14 @@ def _scale_in_loop(case: Case, x: Inputs, kind: str, block: int) -> dict:
     return {"dK": dk}
 
 
-def _last_block(case: Case, x: Inputs, kind: str, block: int, last_head: bool = False) -> dict:
+def _last_block(case: Case, x: Inputs, checker, block: int, last_head: bool = False) -> dict:
     """The outputs if each program kept only the share of the last block its loop visited
     (``last_head``: and, under GQA, of the last query head of the group)."""
     ref = x.ref
     H, Hk, s = case.H, case.heads_kv, case.scale_value
     q = x.q.to(torch.float64)
     k_full = repeat_kv(x.k.to(torch.float64), H)
-    if kind == "dkdv":                     # a key-block program loops over the query blocks
+    if checker is DKDV:                     # a key-block program loops over the query blocks
         lo = (case.S_q - 1) // block * block
         P, dS = ref.P[..., lo:, :], ref.dS[..., lo:, :]
         group = (lambda t: t.unflatten(1, (Hk, H // Hk))[:, :, -1]) if last_head else \

@@ -15,7 +15,8 @@ from types import SimpleNamespace
 import torch
 
 from .battery import Case
-from .diagnose import ShapeError
+from .checkers import LAZY
+from .errors import ShapeError
 from .runner import run_battery
 
 
@@ -93,7 +94,7 @@ def lazy_backward(fn, *, seed: int = 0, raise_on_fail: bool = True, show: bool =
         return {n: {t: (val[None] if t in ("dQ", "dK", "dV") else val) for t, val in outs.items()}
                 for n, outs in v.items()}
 
-    return run_battery("check.lazy_backward", fn, LAZY_CASES, run_case, kind="lazy",
+    return run_battery("check.lazy_backward", fn, LAZY_CASES, run_case, checker=LAZY,
                        dtype=torch.float64, seed=seed, with_do=True, raise_on_fail=raise_on_fail,
                        show=show, variants=variants, make=_make, tol=1e-8)
 

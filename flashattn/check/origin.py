@@ -9,7 +9,9 @@ working directory), never as this machine's absolute paths.
 from __future__ import annotations
 
 import inspect
+import linecache
 import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -17,11 +19,11 @@ from pathlib import Path
 import torch
 
 #: flashattn/ and Python's standard library: code there is not the learner's
-_PACKAGE = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parent.parent
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()      # inspect.py binding a call's arguments, say
 
 
-def _unwrap(fn):
+def unwrap(fn):
     for _ in range(5):
         if isinstance(fn, type) and issubclass(fn, torch.autograd.Function):
             fn = fn.backward
@@ -43,8 +45,8 @@ def _is_kernel(obj) -> bool:
             and hasattr(obj, "run"))
 
 
-def _kernels_used(fn) -> list:
-    fn = _unwrap(fn)
+def kernels_used(fn) -> list:
+    fn = unwrap(fn)
     code = getattr(fn, "__code__", None)
     if code is None:
         return []
@@ -71,8 +73,8 @@ def _kernels_used(fn) -> list:
 def learner_sources(fn) -> list:
     """The source of ``fn``, of the Triton kernels it launches and of the autograd.Function
     classes it calls, for the diagnoses that read the code (flashattn's own code left out)."""
-    f = _unwrap(fn)
-    found = [f] + [k.fn for _, k in _kernels_used(fn)]
+    f = unwrap(fn)
+    found = [f] + [k.fn for _, k in kernels_used(fn)]
     glb, code = getattr(f, "__globals__", {}), getattr(f, "__code__", None)
     for name in (code.co_names if code is not None else ()):
         obj = glb.get(name)
@@ -85,7 +87,7 @@ def learner_sources(fn) -> list:
         for part in _parts(obj):
             try:
                 path = Path(inspect.getsourcefile(part) or "").resolve()
-                if _PACKAGE in path.parents:
+                if PACKAGE in path.parents:
                     continue
                 text = inspect.getsource(part)
             except (OSError, TypeError):
@@ -106,10 +108,10 @@ def _learners_own(fn) -> bool:
 def is_learners_file(path: str) -> bool:
     """Whether code at ``path`` is the learner's own: a notebook cell, or a file outside this
     package, Python's standard library and the installed libraries."""
-    if _in_notebook(path):
+    if in_notebook(path):
         return True
     p = Path(path).resolve()
-    return not (_PACKAGE in p.parents or _STDLIB in p.parents or path.startswith("<frozen")
+    return not (PACKAGE in p.parents or _STDLIB in p.parents or path.startswith("<frozen")
                 or "site-packages" in p.parts or "dist-packages" in p.parts)
 
 
@@ -127,7 +129,7 @@ def _parts(obj) -> list:
                 if inspect.isfunction(getattr(m, "__func__", m))]
 
 
-def _in_notebook(path: str) -> bool:
+def in_notebook(path: str) -> bool:
     return ("ipykernel_" in path or path.startswith("<ipython-input") or
             (path.startswith("<") and path.endswith(">")))
 
@@ -243,16 +245,16 @@ def describe_origin(fn, role: str = "your function") -> tuple[list, list]:
     """Lines saying where ``fn`` (and the Triton kernels it launches) came from, and warnings
     when that is probably not the copy you are editing."""
     lines, warnings = [], []
-    items = [(role, fn, None)] + [("kernel", k.fn, k) for _, k in _kernels_used(fn)]
+    items = [(role, fn, None)] + [("kernel", k.fn, k) for _, k in kernels_used(fn)]
     for label, f, kernel in items:
-        f = _unwrap(f)
+        f = unwrap(f)
         name = getattr(f, "__qualname__", getattr(f, "__name__", repr(f)))
         try:
             path = inspect.getsourcefile(f) or f.__code__.co_filename
         except (TypeError, AttributeError):
             lines.append(f"{label} `{name}`: defined in C or unknown")
             continue
-        if _in_notebook(path):
+        if in_notebook(path):
             lines.append(f"{label} `{name}`: defined in a notebook cell (edited it? re-run that cell first)")
             continue
         p = Path(path).resolve()
@@ -260,7 +262,7 @@ def describe_origin(fn, role: str = "your function") -> tuple[list, list]:
         mod_file = getattr(mod, "__file__", None)
         lines.append(f"{label} `{name}`: from {shown_path(p)}" +
                      (f" (module {f.__module__})" if mod_file else ""))
-        if _PACKAGE in p.parents:
+        if PACKAGE in p.parents:
             warnings.append(f"{label} `{name}` is flashattn's own implementation ({p.name}), not yours.")
             continue
         if "site-packages" in p.parts or "dist-packages" in p.parts:
@@ -276,3 +278,70 @@ def describe_origin(fn, role: str = "your function") -> tuple[list, list]:
             warnings.append(f"another file named {p.name} exists: {listed}. Python imported {shown_path(p)} "
                             "(print(module.__file__) to see it); make sure that is the one you edit.")
     return lines, warnings
+
+
+# --------------------------------------------------------------------------------------
+# the learner's line that raised, and its variables (for the exceptions' ideas)
+# --------------------------------------------------------------------------------------
+def raising_line(exc: BaseException):
+    """(frame, line number, the line's text, the names on it) of the line of the learner's code
+    that raised -- the innermost frame outside this package and the installed libraries -- or
+    None. The frame's variables say what the error's sizes belong to, instead of a guess."""
+    found = learners_frame(exc)
+    if found is None:
+        return None
+    f, lineno = found
+    line = linecache.getline(f.f_code.co_filename, lineno)
+    return f, lineno, line, list(dict.fromkeys(re.findall(r"(?<![.\w])([A-Za-z_]\w*)", line)))
+
+
+def line_tensors(exc: BaseException) -> dict:
+    """name -> tensor, for the tensors named on the learner's line that raised."""
+    found = raising_line(exc)
+    if found is None:
+        return {}
+    f, _, _, names = found
+    return {n: f.f_locals[n] for n in names if isinstance(f.f_locals.get(n), torch.Tensor)}
+
+
+def line_shapes(exc: BaseException) -> dict:
+    return {n: tuple(t.shape) for n, t in line_tensors(exc).items()}
+
+
+def tile_shapes(exc: BaseException) -> dict:
+    """name -> shape of the Triton tiles named on the kernel line that raised (the interpreter
+    runs the kernel as Python, so its frame holds them), e.g. {'q': (32, 16), 'k': (32, 16)}."""
+    found = raising_line(exc)
+    if found is None:
+        return {}
+    f, _, _, names = found
+    out = {}
+    for n in names:
+        value = f.f_locals.get(n)
+        shape = getattr(value, "shape", None)     # a tuple of constexpr (Triton's own tuple type)
+        if value is None or isinstance(value, torch.Tensor) or not shape:
+            continue
+        try:
+            out[n] = tuple(int(getattr(d, "value", d)) for d in shape)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def made_by(exc: BaseException, names) -> dict:
+    """name -> the line of the learner's function that last assigned it before the line that
+    raised (where a wrong shape was made, often a line or two above where it is used)."""
+    found = raising_line(exc)
+    if found is None:
+        return {}
+    f, lineno, _, _ = found
+    path, first = f.f_code.co_filename, f.f_code.co_firstlineno
+    out = {}
+    for name in names:
+        target = re.compile(rf"^\s*(?:[\w\s,\[\]]*,\s*)?{re.escape(name)}\s*(?:,[\w\s,\[\]]*)?=(?!=)")
+        for n in range(lineno - 1, first - 1, -1):
+            line = linecache.getline(path, n)
+            if target.match(line):
+                out[name] = line.split("#")[0].strip()
+                break
+    return out

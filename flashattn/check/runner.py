@@ -8,11 +8,9 @@ with one NaN guard at a time). Kernel checkers also count the kernels the launch
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import traceback
 import warnings
-from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -21,228 +19,12 @@ import torch
 from .. import runtime
 from ..verify import tolerance
 from . import fingerprints, structure, substitutions
-from .battery import GUARDED, guard_bits, make_inputs
-from .diagnose import DtypeError, ShapeError, diagnose
+from .battery import GUARDED, make_inputs
+from .engine import diagnose
+from .instruments import fence_wild_access, watch_guard_reads
+from .errors import DtypeError, ShapeError, Unwritten
 from .origin import describe_origin
-from .results import CaseResult, CheckFailed, CheckResult, Diagnosis, Unwritten, compare
-
-
-# --------------------------------------------------------------------------------------
-# did the launcher start a kernel?
-# --------------------------------------------------------------------------------------
-@dataclass
-class Launch:
-    """One Triton launch as the kernel saw it: its scalar arguments by parameter name, the grid,
-    and which of the handed tensors each tensor parameter received, so a rule can compare them
-    with what the case needs."""
-
-    kernel: str
-    args: dict
-    grid: Optional[tuple]
-    fn: object = None                 # the kernel's Python function (its source, for the rules)
-    pointers: dict = None             # tensor parameter -> its data_ptr()
-    tensors: dict = None              # tensor parameter -> the name of the handed tensor it got
-    strides: dict = None              # tensor parameter -> the strides of the tensor it got
-
-
-def _record(fn, grid, args, kwargs) -> Optional[Launch]:
-    import inspect
-
-    try:
-        signature = inspect.signature(fn)
-        bound = signature.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in signature.parameters})
-    except (TypeError, ValueError):
-        return None
-    scalars = {n: v for n, v in bound.arguments.items()
-               if isinstance(v, (bool, int, float, np.integer, np.floating))}
-    pointers = {n: v.data_ptr() for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
-    strides = {n: tuple(v.stride()) for n, v in bound.arguments.items() if isinstance(v, torch.Tensor)}
-    if callable(grid):
-        try:
-            grid = grid(dict(bound.arguments))
-        except Exception:             # noqa: BLE001 -- a grid function of the learner's: leave it out
-            grid = None
-    try:
-        grid = tuple(int(g) for g in grid) if grid is not None else None
-    except (TypeError, ValueError):
-        grid = None
-    return Launch(getattr(fn, "__name__", "?"), scalars, grid, fn, pointers, strides=strides)
-
-
-@contextlib.contextmanager
-def count_triton_launches(record: Optional[list] = None):
-    """Yields a one-element list counting the Triton kernels launched inside the block (the fast
-    kernels' direct launches too); each launch through Triton's own path has its :class:`Launch`
-    appended to ``record`` if one is given."""
-    count = [0]
-    if runtime.INTERPRET:
-        from triton.runtime import interpreter
-
-        cls, attr = interpreter.GridExecutor, "__call__"
-    else:
-        from triton.runtime.jit import JITFunction
-
-        cls, attr = JITFunction, "run"
-    original = getattr(cls, attr)
-
-    def counting(self, *args, **kwargs):
-        if not kwargs.get("warmup", False):
-            count[0] += 1
-            if record is not None:
-                grid = self.grid if runtime.INTERPRET else kwargs.get("grid")
-                launch = _record(self.fn, grid, args, kwargs)
-                if launch is not None:
-                    record.append(launch)
-        return original(self, *args, **kwargs)
-
-    from ..fast.launch import DirectLaunch     # the fast kernels' launches skip JITFunction.run
-    direct = DirectLaunch.__call__
-
-    def counting_direct(self, *args, **kwargs):
-        count[0] += 1
-        return direct(self, *args, **kwargs)
-
-    setattr(cls, attr, counting)
-    DirectLaunch.__call__ = counting_direct
-    try:
-        yield count
-    finally:
-        setattr(cls, attr, original)
-        DirectLaunch.__call__ = direct
-
-
-@contextlib.contextmanager
-def fence_wild_access():
-    """In the interpreter: loads and stores that fall outside every tensor the kernel was given
-    (each argument's whole storage, guards included) are masked off -- a wild store there would
-    corrupt the Python process's own memory and kill the learner's kernel -- and counted. Yields
-    ``{"loads": n, "stores": n}``. Elsewhere it counts nothing (a GPU reports its own fault)."""
-    found = {"loads": 0, "stores": 0}
-    if not runtime.INTERPRET:
-        yield found
-        return
-    from triton.runtime import interpreter
-
-    spans: list = []
-    launch_cls, builder = interpreter.GridExecutor, interpreter.InterpreterBuilder
-    call, load, store = launch_cls.__call__, builder.create_masked_load, builder.create_masked_store
-
-    def recording_call(self, *args, **kwargs):
-        for a in list(args) + list(kwargs.values()):
-            if isinstance(a, torch.Tensor):
-                lo = a.untyped_storage().data_ptr()
-                spans.append((lo, lo + a.untyped_storage().nbytes()))
-        return call(self, *args, **kwargs)
-
-    def fenced(kind, ptrs, mask):
-        addrs = ptrs.data
-        inside = np.zeros(addrs.shape, dtype=bool)
-        for lo, hi in spans:
-            inside |= (addrs >= lo) & (addrs < hi)
-        wanted = np.broadcast_to(mask.data, addrs.shape)
-        wild = wanted & ~inside
-        if not wild.any():
-            return mask
-        found[kind] += int(wild.sum())
-        return interpreter.TensorHandle(wanted & inside, mask.dtype)
-
-    def fenced_load(self, ptrs, mask, *rest):
-        return load(self, ptrs, fenced("loads", ptrs, mask), *rest)
-
-    def fenced_store(self, ptrs, value, mask, *rest):
-        return store(self, ptrs, value, fenced("stores", ptrs, mask), *rest)
-
-    launch_cls.__call__, builder.create_masked_load, builder.create_masked_store = recording_call, fenced_load, fenced_store
-    try:
-        yield found
-    finally:
-        launch_cls.__call__, builder.create_masked_load, builder.create_masked_store = call, load, store
-
-
-_TORCH_KERNEL = re.compile(r"at::|at_cuda_detail|elementwise|vectorized|reduce_kernel|fill|copy|"
-                           r"cutlass|cublas|gemm|Memcpy|Memset", re.IGNORECASE)
-
-
-@contextlib.contextmanager
-def count_cuda_launches():
-    """Yields a one-element list that, after the block, counts the CUDA kernels launched in it
-    that are not PyTorch's own (a CUDA C++ extension's kernels)."""
-    count = [None]                       # None: cannot be counted here (no CUDA: an emulation)
-    if not torch.cuda.is_available():
-        yield count
-        return
-    count[0] = 0
-    from torch.profiler import ProfilerActivity, profile
-
-    with warnings.catch_warnings():    # torch's notice that each profiling cycle starts afresh
-        warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            yield count
-            torch.cuda.synchronize()
-    count[0] = sum(1 for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and not _TORCH_KERNEL.search(e.name))
-
-
-@contextlib.contextmanager
-def watch_guard_reads(inputs: dict):
-    """In the interpreter: yields a set that collects the names of the inputs (``name ->
-    tensor``) whose guard memory a load returned -- a read past the end, seen even when the
-    value read is thrown away afterwards by a ``tl.where``. Elsewhere it stays empty."""
-    found: set = set()
-    if not runtime.INTERPRET:
-        yield found
-        return
-    from triton.runtime import interpreter
-
-    spans = []
-    for name, t in inputs.items():
-        if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.float32, torch.float64):
-            start = t.untyped_storage().data_ptr()
-            spans.append((name, start, start + t.untyped_storage().nbytes(), guard_bits(t.dtype), t.element_size()))
-    uint = {2: np.uint16, 4: np.uint32, 8: np.uint64}
-    cls = interpreter.InterpreterBuilder
-    original = cls.create_masked_load
-
-    def load(self, ptrs, mask, *rest):
-        ret = original(self, ptrs, mask, *rest)
-        data = ret.data
-        if data.dtype.kind == "f" and data.itemsize in uint:
-            bits = data.view(uint[data.itemsize])
-            hit = np.broadcast_to(mask.data, bits.shape)
-            for name, lo, hi, guard, size in spans:
-                if name in found or size != data.itemsize:
-                    continue
-                addrs = ptrs.data[hit & (bits == np.array(guard, dtype=bits.dtype))]
-                if addrs.size and ((addrs >= lo) & (addrs < hi)).any():
-                    found.add(name)
-        return ret
-
-    cls.create_masked_load = load
-    try:
-        yield found
-    finally:
-        cls.create_masked_load = original
-
-
-def launched(launch: Callable, kernel_language: str, *args, record: Optional[list] = None,
-             names: Optional[dict] = None) -> Optional[int]:
-    """Call ``launch(*args)``; return how many kernels it started (Triton's, or for ``"cuda"``
-    CUDA kernels other than PyTorch's own; None where that cannot be counted). Triton launches
-    are appended to ``record`` (a list) when one is given; ``names`` (name -> handed tensor)
-    then labels each launch's tensor parameters with the handed tensor they received."""
-    if kernel_language == "cuda":
-        with count_cuda_launches() as count:
-            launch(*args)
-    else:
-        with count_triton_launches(record) as count:
-            launch(*args)
-    if record and names:
-        by_pointer = {}
-        for name, t in names.items():          # a tensor and a view of it at the same address: the first
-            by_pointer.setdefault(t.data_ptr(), name)
-        for one in record:
-            one.tensors = {p: by_pointer[ptr] for p, ptr in (one.pointers or {}).items() if ptr in by_pointer}
-    return count[0]
+from .results import CaseResult, CheckFailed, CheckResult, compare
 
 
 # --------------------------------------------------------------------------------------
@@ -251,9 +33,9 @@ def launched(launch: Callable, kernel_language: str, *args, record: Optional[lis
 def kernel_not_written(launch) -> bool:
     import inspect
 
-    from .origin import _kernels_used
+    from .origin import kernels_used
 
-    for _, k in _kernels_used(launch):
+    for _, k in kernels_used(launch):
         try:
             src = inspect.getsource(k.fn)
         except (OSError, TypeError):
@@ -281,57 +63,6 @@ def _not_implemented(e: BaseException) -> Optional[str]:
     return None
 
 
-#: an accumulator made by tl.zeros in the inputs' 16-bit type: ``name = tl.zeros(..., dtype=...)``
-_ZEROS = re.compile(r"^\s*(\w+)\s*=\s*tl\.zeros\((.*)\)\s*(?:#.*)?$")
-_HALF_DTYPE = re.compile(r"dtype\s*=\s*(tl\.(?:float16|bfloat16)|\b(?:Q|K|V|DO|DQ|DK|DV|O)\.dtype\.element_ty)")
-
-
-def _launched_kernels(results: list, fn) -> list:
-    """(name, Python function) of the Triton kernels the cases launched -- or, where none got as far
-    as launching (a compile error), those the launcher ``fn`` names (``origin._kernels_used``)."""
-    from .origin import _kernels_used
-
-    found = {id(l.fn): (l.kernel, l.fn) for r in results for l in r.launch_args or [] if l.fn is not None}
-    return list(found.values()) or [(name, k.fn) for name, k in _kernels_used(fn)]
-
-
-def low_precision_accumulators(results: list, fn=None) -> list:
-    """A kernel whose values passed, but whose accumulators (``tl.zeros`` outside the loop) take a
-    16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
-    compile the loop (tl.dot's fp32 result changes the carried variable's type) or, written to
-    compile, sums in half precision. [] unless every case passed (the interpreter) or failed to
-    compile (a GPU), and a launched kernel does it."""
-    import inspect
-
-    from .exception_origins import _chain
-
-    compiled_not = bool(results) and all(r.error is not None and
-                                         any(type(e).__name__ == "CompilationError" for e in _chain(r.error))
-                                         for r in results)
-    if not results or not (all(r.ok for r in results) or compiled_not):
-        return []
-    for kernel, kernel_fn in _launched_kernels(results, fn):
-        try:
-            source = inspect.getsource(kernel_fn)
-        except (OSError, TypeError):
-            continue
-        for line in source.splitlines():
-            m = _ZEROS.match(line)
-            half = _HALF_DTYPE.search(m.group(2)) if m else None
-            if half:
-                return [Diagnosis(
-                    "accumulator_precision", "an accumulator is made in a 16-bit type",
-                    "A sum over many tiles -- dQ, dK, dV, O -- is kept in tl.float32 and cast to the "
-                    "output's type once, at the store. Triton's CPU interpreter computes a 16-bit "
-                    "tl.zeros in fp32 anyway, so the values pass there; on a GPU the loop does not "
-                    "compile (tl.dot returns fp32, which changes the carried variable's type), and "
-                    "summed in fp16 the gradient would lose its low digits. Make it tl.zeros(..., "
-                    "dtype=tl.float32).",
-                    f"`{line.split('#')[0].strip()}` in {kernel}: dtype {half.group(1)}" +
-                    ("; on this GPU the kernel did not compile" if compiled_not else ""))]
-    return []
-
-
 def _compiled_kernel_line(exc: BaseException) -> str:
     """'the kernel's line 56 -> the line' for Triton's compile errors (a GPU compiles the kernel,
     so no frame of the learner's file runs it): the error carries the kernel's source and the
@@ -354,7 +85,7 @@ def where(exc: BaseException) -> str:
     kernel when the interpreter wrapped a kernel's error."""
     import linecache
 
-    from .origin import _in_notebook, learners_frame, shown_path
+    from .origin import in_notebook, learners_frame, shown_path
 
     compiled = _compiled_kernel_line(exc)
     if compiled:
@@ -366,7 +97,7 @@ def where(exc: BaseException) -> str:
     path = frame.f_code.co_filename
     line = linecache.getline(path, lineno).strip()
     src = f" -> {line}" if line else ""
-    place = "a notebook cell" if _in_notebook(path) else shown_path(path)
+    place = "a notebook cell" if in_notebook(path) else shown_path(path)
     return f"{place}, line {lineno}{src}"
 
 
@@ -408,13 +139,13 @@ def learners_warnings(caught: list) -> list:
     checker records them instead of printing one per case, and shows them with a failure."""
     import linecache
 
-    from .origin import _in_notebook, is_learners_file, shown_path
+    from .origin import in_notebook, is_learners_file, shown_path
 
     out = []
     for w in caught:
         if not is_learners_file(w.filename):
             continue
-        place = "a notebook cell" if _in_notebook(w.filename) else shown_path(w.filename)
+        place = "a notebook cell" if in_notebook(w.filename) else shown_path(w.filename)
         line = linecache.getline(w.filename, w.lineno).strip()
         text = f"{w.category.__name__}: {w.message} ({place}, line {w.lineno}{f': {line}' if line else ''})"
         if text not in out:
@@ -500,7 +231,7 @@ def _nan_origin(run_case, case, dtype, device, seed, with_do) -> Optional[list]:
     return culprits or None
 
 
-def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: str, dtype, seed: int,
+def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, checker, dtype, seed: int,
                 with_do: bool, raise_on_fail: bool = True, show: bool = True,
                 role: str = "your function", precheck: Optional[Callable] = None,
                 variants: Optional[Callable] = None, make: Callable = make_inputs,
@@ -557,8 +288,8 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                     res.fingerprints = fingerprints.matching(variants(case, x), res.tensors, case_tol, expected)
                 if not res.ok:
                     # the class of mistake, whatever the edit: zeros, equalities, factors, swaps
-                    res.structure = structure.facts(case, x, res.tensors, expected, case_tol, kind)
-                    res.fingerprints |= substitutions.matching(case, x, kind, res.tensors, case_tol,
+                    res.structure = structure.facts(case, x, res.tensors, expected, case_tol, checker)
+                    res.fingerprints |= substitutions.matching(case, x, checker, res.tensors, case_tol,
                                                                fingerprints._matches, expected)
                 if any(not t.ok and fingerprints.overcounted(outs[n], expected[n], case_tol)
                        for n, t in res.tensors.items()):
@@ -579,7 +310,7 @@ def run_battery(title: str, fn, cases: Sequence, run_case: Callable, *, kind: st
                 res.error_where = where(e)
                 res.inputs_modified = res.inputs_modified or inputs_changed(before, handed) or None
                 res.swapped = getattr(e, "pair", None) or res.swapped
-    diagnoses = low_precision_accumulators(results, fn) or diagnose(results, kind, fn)
+    diagnoses = diagnose(results, checker, fn)
     result = CheckResult(title, results, diagnoses, origin, origin_warnings, learners_warnings(caught))
     if show:
         if result.ok:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 from typing import Optional
+from .source import first_line, shape_unpacked_out_of_order
+from .checkers import AUTOGRAD, BACKWARD, ONLINE, REBUILD_P
 
 
 def size_names(case) -> dict:
@@ -117,9 +119,8 @@ def shape_story(name: str, got, want, case) -> Optional[str]:
 
 def aliased_buffers(ctx):
     """`a = b = c = torch.zeros_like(q)`: one tensor under several names."""
-    from .code_rules import _first_line
 
-    line = _first_line(ctx, lambda c: re.match(r"^(\w+\s*=\s*){2,}\w[\w.]*\((?:[^()]|\([^()]*\))*\)$", c) and
+    line = first_line(ctx, lambda c: re.match(r"^(\w+\s*=\s*){2,}\w[\w.]*\((?:[^()]|\([^()]*\))*\)$", c) and
                        re.search(r"zeros|empty|full|ones", c))
     if not line:
         return None
@@ -131,11 +132,10 @@ def aliased_buffers(ctx):
 
 def lost_axes(ctx, name: str, got: list, want: list) -> str:
     """Why an output lost its size-1 axes: a squeeze() with no dimension, or a result indexed [0]."""
-    from .code_rules import _first_line
 
     lost = f"{name} lost its size-1 dimension(s): {tuple(want)} became {tuple(got)}."
-    indexed = _first_line(ctx, lambda c: re.search(r"\)\s*\[\s*0\s*\]\s*$", c) and "squeeze" not in c)
-    if indexed and not _first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)", c)):
+    indexed = first_line(ctx, lambda c: re.search(r"\)\s*\[\s*0\s*\]\s*$", c) and "squeeze" not in c)
+    if indexed and not first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)", c)):
         return (f"{lost} `{indexed}` indexes a result with [0], which takes its first element along the "
                 f"first axis -- here the first batch element. A function that returns one tensor (as "
                 f"forward returns O alone, so apply does too) needs no [0]; a tuple is unpacked by name, "
@@ -148,7 +148,6 @@ def returned_the_wrong_thing(ctx, message: str):
     """What the learner's function returned in place of a tensor, when the ShapeError's message
     says: None (no return reached), a method (named without its ()), a row reduced over the rows,
     a tuple from an autograd.Function's forward."""
-    from .code_rules import _first_line
 
     if "got NoneType" in message:
         cases = [x.case.name for x in ctx.results if x.error is not None and "got NoneType" in str(x.error)]
@@ -156,14 +155,14 @@ def returned_the_wrong_thing(ctx, message: str):
                 f"reached its end without a return. A return inside an `if` (or a loop) returns only "
                 f"when that branch runs: put the final return at the function's own level.")
     if re.search(r"got (?:builtin_function_or_method|method)\b", message):   # .bool, not .bool()
-        line = _first_line(ctx, lambda c: re.search(r"\.(?:bool|float|half|int|long|contiguous|clone|detach|t)\s*$", c))
+        line = first_line(ctx, lambda c: re.search(r"\.(?:bool|float|half|int|long|contiguous|clone|detach|t)\s*$", c))
         return ((f"`{line}` names the method without calling it: " if line else "A method was named "
                  "without calling it: ") + "x.bool is the method itself, x.bool() its result. Add the ().")
-    axis = _first_line(ctx, lambda c: re.search(r"\.(?:sum|amax|max|mean|logsumexp)\(\s*(?:dim\s*=\s*)?-2\b", c))
-    if axis and ctx.kind in ("online_softmax", "backward", "rebuild_p"):    # a row's reduction over the rows
+    axis = first_line(ctx, lambda c: re.search(r"\.(?:sum|amax|max|mean|logsumexp)\(\s*(?:dim\s*=\s*)?-2\b", c))
+    if axis and ctx.checker in (ONLINE, BACKWARD, REBUILD_P):    # a row's reduction over the rows
         return (f"`{axis}` reduces over axis -2, the query rows: one value per *key*, which then broadcasts "
                 f"into the wrong shape. A row's maximum and sum run over its keys, the last axis: dim=-1.")
-    if ctx.kind == "autograd" and "got tuple" in message:
+    if ctx.checker is AUTOGRAD and "got tuple" in message:
         return ("Your function returned a tuple where the output alone belongs, as SDPA returns "
                 "it. An autograd.Function's forward that returns (o, lse) makes apply return both: "
                 "return o, and put what the backward needs besides (the LSE) into "
@@ -173,11 +172,10 @@ def returned_the_wrong_thing(ctx, message: str):
 
 def dtype_story(ctx, message: str):
     """(the line, the idea) where float64 inputs came back float32 and the code has a .float()."""
-    from .code_rules import _first_line
 
     if "expected torch.float64" not in message:
         return None
-    line = _first_line(ctx, lambda c: re.search(r"\.float\(\)|torch\.float32\b", c))
+    line = first_line(ctx, lambda c: re.search(r"\.float\(\)|torch\.float32\b", c))
     return line and (line, ".float() means float32 exactly, not 'at least float32': on float64 inputs it "
                            "rounds every value to float32, and what is computed from it comes back float32. "
                            "Compute in the inputs' dtype, or promote: x.to(torch.promote_types(x.dtype, "
@@ -187,9 +185,8 @@ def dtype_story(ctx, message: str):
 def squeeze_story(ctx, case) -> Optional[str]:
     """The idea where the code squeezes without naming an axis and this case has another axis
     of size 1 than the one meant: .squeeze() drops them all."""
-    from .code_rules import _first_line
 
-    line = _first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)|torch\.squeeze\(\s*[\w.\[\]]+\s*\)", c))
+    line = first_line(ctx, lambda c: re.search(r"\.squeeze\(\s*\)|torch\.squeeze\(\s*[\w.\[\]]+\s*\)", c))
     ones = [n for n, v in (("B", case.B), ("H", case.H), ("S_q", case.S_q), ("S_k", case.S_k)) if v == 1]
     if not line or not ones:
         return None
@@ -202,10 +199,8 @@ def squeeze_story(ctx, case) -> Optional[str]:
 def unpacked_out_of_order_line(ctx) -> Optional[str]:
     """The line that unpacks a shape in another order than the axes (what line_slips'
     shape_unpack_order names), or None."""
-    from .code_rules import _first_line
-    from .line_slips import _shape_unpacked_out_of_order
 
-    return _first_line(ctx, _shape_unpacked_out_of_order)
+    return first_line(ctx, shape_unpacked_out_of_order)
 
 
 def saved_unpacked_otherwise(ctx) -> str:

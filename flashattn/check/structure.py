@@ -14,8 +14,8 @@ whole classes of mistakes instead, so an edit nobody listed still gets named by 
 * ``kv_heads``: (dQ) each query head's values are those of another K/V head -- the head index;
 * ``group``: (dK, dV under GQA) the sum over only some query heads of each group.
 
-:func:`facts` measures them for one failing case; ``structure_rules.py`` turns them into
-diagnoses.
+:func:`facts` measures them for one failing case; mistakes of :mod:`flashattn.check.mistakes`
+(``pinned``, ``memory``, ``outputs``, ``numbers``, ``fallback``) read them.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import torch
 
 from ..verify import per_head_relative_error
 from .battery import BLOCKS
+from .checkers import AUTOGRAD, BACKWARD, DKDV, DQ
 
 _INPUT_LABELS = {"q": "Q", "k": "K", "v": "V", "do": "dO", "o": "O"}
 
@@ -151,11 +152,11 @@ def _head_sets(case, x, name: str, actual: torch.Tensor, tol: float):
     return out
 
 
-def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict:
+def facts(case, x, tensors: dict, expected: dict, tol: float, checker) -> dict:
     """output name -> {fact: value} for every wrong output of one case (see the module doc)."""
     out = {}
     inputs = {n: getattr(x, n, None) for n in _INPUT_LABELS}
-    backward = kind in ("backward", "dq", "autograd") and getattr(x, "ref", None) is not None \
+    backward = checker in (BACKWARD, DQ, AUTOGRAD) and getattr(x, "ref", None) is not None \
         and getattr(x.ref, "dS", None) is not None
     for name, t in tensors.items():
         if t.ok or t.actual is None:
@@ -199,7 +200,7 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
                 f["kv_heads"] = m
             elif any(v is not None for v in m.values()):
                 f["kv_heads_partial"] = m       # some heads read a K/V head that does not exist
-        if backward or kind == "dkdv":
+        if backward or checker is DKDV:
             if name in ("dK", "dV") and case.heads_kv != case.H and getattr(x.ref, "dS", None) is not None:
                 g = _group_subsets(case, x, name, a, tol)
                 if all(v is not None for v in g.values()):
@@ -213,5 +214,20 @@ def facts(case, x, tensors: dict, expected: dict, tol: float, kind: str) -> dict
     return out
 
 
-def right_kv_head(case, h: int) -> int:
-    return h // (case.H // case.heads_kv)
+def head_sets_idea(case, name: str, sets: dict) -> str:
+    """The query heads each K/V head's ``name`` added up, against its group, and the formula
+    that fits."""
+    Hk, G = case.heads_kv, case.H // case.heads_kv
+    got = [sets[(0, hk)] for hk in range(Hk)]
+    right = [tuple(hk * G + g for g in range(G)) for hk in range(Hk)]
+    formulas = [(text, f) for text, f in (("g * H_kv + h_kv", lambda hk, g: g * Hk + hk),
+                                          ("g * GROUP_SIZE + h_kv", lambda hk, g: g * G + hk),
+                                          ("h_kv + g", lambda hk, g: hk + g),
+                                          ("h_kv for every g (the K/V head's own index)", lambda hk, g: hk))
+                if all(tuple(sorted(f(hk, g) for g in range(G))) == got[hk] for hk in range(Hk))]
+    fits = f" That is the map h = {' (or here, the same) '.join(t for t, _ in formulas)}." if formulas else ""
+    show = lambda ss: ", ".join(f"K/V head {hk}: query heads {list(s)}" for hk, s in enumerate(ss))  # noqa: E731
+    return (f"Your {name} of each K/V head is the sum over another set of query heads ({show(got)}; "
+            f"in '{case.name}', batch 0) than its group ({show(right)}).{fits} The group of K/V head "
+            f"h_kv is the GROUP_SIZE consecutive query heads h = h_kv * GROUP_SIZE + g, g = 0 ... "
+            f"GROUP_SIZE - 1, the inverse of h_kv = h // GROUP_SIZE.")

@@ -19,6 +19,7 @@ import torch
 
 from ..reference import repeat_kv, sum_groups
 from .battery import Case
+from .checkers import AUTOGRAD, BACKWARD, DKDV, DQ, KERNELS
 
 #: the slots of the chain: slot -> (the tensor it holds, the formula it sits in)
 SLOTS = {
@@ -35,19 +36,19 @@ _REACHES = {"S.q": "QKV", "S.k": "QKV", "P.lse": "QKV", "dP.do": "QK", "dP.v": "
 
 #: per checker: the arguments each kernel call takes, and the slots each fills
 _CALLS = {
-    "dq": {"the dQ kernel": {"Q": ["S.q"], "K": ["S.k", "dQ.k"], "V": ["dP.v"], "dO": ["dP.do"]}},
-    "dkdv": {"the dK/dV kernel": {"Q": ["S.q", "dK.q"], "K": ["S.k"], "V": ["dP.v"], "dO": ["dP.do", "dV.do"]}},
-    "backward": {"your function": {"Q": ["S.q", "dK.q"], "K": ["S.k", "dQ.k"], "V": ["dP.v"],
+    DQ: {"the dQ kernel": {"Q": ["S.q"], "K": ["S.k", "dQ.k"], "V": ["dP.v"], "dO": ["dP.do"]}},
+    DKDV: {"the dK/dV kernel": {"Q": ["S.q", "dK.q"], "K": ["S.k"], "V": ["dP.v"], "dO": ["dP.do", "dV.do"]}},
+    BACKWARD: {"your function": {"Q": ["S.q", "dK.q"], "K": ["S.k", "dQ.k"], "V": ["dP.v"],
                                    "dO": ["dP.do", "dV.do", "delta.do"], "O": ["delta.o"]}},
 }
-_CALLS["autograd"] = {"the dQ call": _CALLS["dq"]["the dQ kernel"],
-                      "the dK/dV call": _CALLS["dkdv"]["the dK/dV kernel"],
-                      "the delta call": {"dO": ["delta.do"], "O": ["delta.o"]}}
+_CALLS[AUTOGRAD] = {"the dQ call": _CALLS[DQ]["the dQ kernel"],
+                    "the dK/dV call": _CALLS[DKDV]["the dK/dV kernel"],
+                    "the delta call": {"dO": ["delta.do"], "O": ["delta.o"]}}
 # slots a checker's own code computes (the kernels get delta ready-made)
-_OWN_SLOTS = {"dq": ("S.q", "S.k", "dP.do", "dP.v", "dQ.k", "P.lse", "dS.delta"),
-              "dkdv": ("S.q", "S.k", "dP.do", "dP.v", "dK.q", "dV.do", "P.lse", "dS.delta"),
-              "backward": tuple(SLOTS), "autograd": tuple(SLOTS)}
-_OUTPUTS = {"dq": ("dQ",), "dkdv": ("dK", "dV"), "backward": ("dQ", "dK", "dV"), "autograd": ("dQ", "dK", "dV")}
+_OWN_SLOTS = {DQ: ("S.q", "S.k", "dP.do", "dP.v", "dQ.k", "P.lse", "dS.delta"),
+              DKDV: ("S.q", "S.k", "dP.do", "dP.v", "dK.q", "dV.do", "P.lse", "dS.delta"),
+              BACKWARD: tuple(SLOTS), AUTOGRAD: tuple(SLOTS)}
+_OUTPUTS = {DQ: ("dQ",), DKDV: ("dK", "dV"), BACKWARD: ("dQ", "dK", "dV"), AUTOGRAD: ("dQ", "dK", "dV")}
 _CALL_OUTPUTS = {"the dQ call": ("dQ",), "the dK/dV call": ("dK", "dV"), "the delta call": ("dQ", "dK")}
 
 
@@ -96,10 +97,10 @@ def chain(case: Case, T: dict, fill: dict, flip: str = "") -> dict:
             "dV": sum_groups(t(P, "dV") @ get("dV.do"), Hk)}
 
 
-def variants(case: Case, x, kind: str) -> list:
+def variants(case: Case, x, checker) -> list:
     """[(label, outputs it changes, {output: tensor})]: every one-slot swap, every one-argument
     swap of each kernel call, and every flipped transpose that the case's shapes allow."""
-    if kind not in _CALLS or x.ref.dO is None:
+    if checker not in _CALLS or x.ref.dO is None:
         return []
     T = _pool(case, x)
     T["_S"] = x.ref.S
@@ -111,46 +112,46 @@ def variants(case: Case, x, kind: str) -> list:
             return
         seen.add(key)
         got = chain(case, T, fill, flip)
-        out.append((label, tuple(n for n in outputs if n in _OUTPUTS[kind]), got))
+        out.append((label, tuple(n for n in outputs if n in _OUTPUTS[checker]), got))
 
-    for slot in _OWN_SLOTS[kind]:
+    for slot in _OWN_SLOTS[checker]:
         a, formula = SLOTS[slot]
         for b in T:
             if b != a and not b.startswith("_") and _fits(case, a, b):
                 reach = tuple("d" + c for c in _REACHES[slot])
-                add(f"{_pretty(reach, kind)} the formula with {b} in place of {a} in {formula}", {slot: b}, reach)
-    for call, args in _CALLS[kind].items():
-        outputs = _CALL_OUTPUTS.get(call, _OUTPUTS[kind])
+                add(f"{_pretty(reach, checker)} the formula with {b} in place of {a} in {formula}", {slot: b}, reach)
+    for call, args in _CALLS[checker].items():
+        outputs = _CALL_OUTPUTS.get(call, _OUTPUTS[checker])
         for a, slots in args.items():
-            if len(slots) < 2 and kind not in ("autograd",):
+            if len(slots) < 2 and checker is not AUTOGRAD:
                 continue                      # one slot: the one-slot swap above says it
             for b in ("Q", "K", "V", "dO", "O"):
-                if b != a and _fits(case, a, b) and not (b == "O" and kind in ("dq", "dkdv")):
-                    add(f"{_pretty(outputs, kind)} what {call} computes when given {b} in place of {a}",
+                if b != a and _fits(case, a, b) and not (b == "O" and checker in KERNELS):
+                    add(f"{_pretty(outputs, checker)} what {call} computes when given {b} in place of {a}",
                         {slot: b for slot in slots}, outputs)
     # a per-row statistic with the scale put on it once more (or divided out): the LSE and
     # delta belong to the scaled scores already
     for slot in ("P.lse", "dS.delta"):
-        if slot in _OWN_SLOTS[kind]:
+        if slot in _OWN_SLOTS[checker]:
             a, formula = SLOTS[slot]
             reach = tuple("d" + c for c in _REACHES[slot])
             for said, factor in ((f"{a} * scale", case.scale_value), (f"{a} / scale", 1 / case.scale_value)):
                 T[said] = T[a] * factor
-                add(f"{_pretty(reach, kind)} the formula with {said} in place of {a} in {formula}", {slot: said}, reach)
+                add(f"{_pretty(reach, checker)} the formula with {said} in place of {a} in {formula}", {slot: said}, reach)
     if case.S_q == case.S_k:                  # a product without its transpose keeps its shape
         for flip, formula in (("dV", "dV = P dO (P where P^T belongs)"), ("dK", "dK = dS Q (dS where dS^T belongs)"),
                               ("dQ", "dQ = dS^T K (dS^T where dS belongs)"), ("dP", "dP = V dO^T (transposed)")):
             reach = {"dV": ("dV",), "dK": ("dK",), "dQ": ("dQ",), "dP": ("dQ", "dK")}[flip]
-            add(f"{_pretty(reach, kind)} {formula}", {}, reach, flip)
+            add(f"{_pretty(reach, checker)} {formula}", {}, reach, flip)
     return out
 
 
-def _pretty(outputs, kind) -> str:
-    names = [n for n in outputs if n in _OUTPUTS[kind]]
+def _pretty(outputs, checker) -> str:
+    names = [n for n in outputs if n in _OUTPUTS[checker]]
     return (" and ".join(names) + (" equal" if len(names) > 1 else " equals")) if names else "nothing equals"
 
 
-def matching(case: Case, x, kind: str, tensors: dict, tol: float, match, expected=None) -> set:
+def matching(case: Case, x, checker, tensors: dict, tol: float, match, expected=None) -> set:
     """The labels (``subst:<label>``) of the swaps that explain this case exactly: every output
     the swap changes equals the swap's value, every other output is right, and the swap's value
     is not the right one (``expected``; two equal tensors swapped change nothing)."""
@@ -160,7 +161,7 @@ def matching(case: Case, x, kind: str, tensors: dict, tol: float, match, expecte
     if not wrong:
         return set()
     found = set()
-    for label, outputs, got in variants(case, x, kind):
+    for label, outputs, got in variants(case, x, checker):
         if not wrong <= set(outputs):
             continue
         got = {n: g.to(x.q.dtype).to(torch.float64) for n, g in got.items()}

@@ -1,14 +1,18 @@
-"""The diagnosis engine: from *which* outputs are wrong, in *which* cases and *how*, to the mistake.
+"""The evidence a mistake's test reads, and the tests most mistakes share.
 
-Everything a diagnosis can use is measured first (per case and tensor: error per head and row,
-a constant factor, NaN that was never written or was computed, reads and writes past the end,
-run-to-run changes, exact matches with known wrong formulas -- the *fingerprints*), then the
-rules of ``rules.py`` are tried in order and the first that fits names the mistake.
+Everything a diagnosis can use is measured first (per case and tensor: error per head and row, a
+constant factor, NaN that was never written or was computed, reads and writes past the end,
+run-to-run changes, exact matches with known wrong formulas -- the *fingerprints*) and collected
+in one :class:`Evidence` per run; the checker's mistakes are then tried in its order
+(:func:`flashattn.check.engine.diagnose`).
 
 Case patterns are found, not listed: every *property* a case can have (causal, S_q > S_k,
 several query blocks of 32 rows, a non-contiguous dO, V's strides unlike K's, ...) is tried, and
 a property whose cases are exactly the failing ones (or contain them all, and mostly fail) names
-the pattern. When no rule fits, the diagnosis says what pattern was seen rather than "unknown".
+the pattern. When no mistake fits, the fallback says what pattern was seen rather than "unknown".
+
+The shared tests: :func:`matches` (the outputs equal a fingerprint) and :func:`quoted_line` (a
+line of the learner's code shows the slip).
 """
 from __future__ import annotations
 
@@ -16,8 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .battery import BLOCKS, Case, padded_head_dim
-from .results import Diagnosis
+from .battery import BLOCKS, Case, aligned, padded_head_dim
+from .origin import learner_sources
+from .source import first_line
 
 # --------------------------------------------------------------------------------------
 # case properties
@@ -144,15 +149,17 @@ def separating(results: list, failing: list) -> Optional[tuple]:
 
 
 # --------------------------------------------------------------------------------------
-# the context a rule sees
+# the evidence every mistake's test reads
 # --------------------------------------------------------------------------------------
-class Context:
-    """What the rules look at, computed once."""
+class Evidence:
+    """One run's evidence, computed once: the case results, which fail, which ran, the property
+    that sets the failing cases apart, the learner's sources. Every mistake's test reads it (its
+    parameter is named ``ctx``)."""
 
-    def __init__(self, results: list, kind: str, subject=None):
+    def __init__(self, results: list, checker, subject=None):
         self.results = results
-        self.kind = kind               # backward, dq, dkdv, autograd, rebuild_p, online_softmax, lazy
-        self.subject = subject         # the learner's function or launcher, for rules that read code
+        self.checker = checker         # the Checker (checkers.py) that ran: compare with `is`
+        self.subject = subject         # the learner's function or launcher, for the tests that read code
         self._sources = None
         self.failing = [r for r in results if not r.ok]
         self.ran = [r for r in results if r.error is None]
@@ -164,7 +171,6 @@ class Context:
     def sources(self) -> list:
         """The learner's source texts (function, kernels, autograd classes), read once."""
         if self._sources is None:
-            from .origin import learner_sources
             self._sources = learner_sources(self.subject) if self.subject is not None else []
         return self._sources
 
@@ -202,80 +208,20 @@ class Context:
                 f"no case without it fails")
 
 
-# --------------------------------------------------------------------------------------
-# the rules, in order: the first that returns evidence names the mistake
-# --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Rule:
-    """A diagnosis: ``test(ctx)`` returns None when it does not fit, else the evidence -- or
-    ``(evidence, idea)`` where the idea depends on what was seen."""
-
-    id: str
-    title: str
-    idea: str
-    test: Callable[[Context], object]
-    kinds: Optional[tuple] = None     # checkers it applies to (None: all)
-
-
-RULES: list = []
-
-
-def rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None, before: Optional[str] = None):
-    """Register a diagnosis: rules are tried in the order registered; ``before``: the id of an
-    earlier rule this one must come before (a line that names the slip goes before the symptom
-    it causes, which an earlier rule would otherwise take)."""
-    def register(test):
-        at = next((n for n, r in enumerate(RULES) if r.id == before), len(RULES)) if before else len(RULES)
-        RULES.insert(at, Rule(id, title, idea, test, kinds))
-        return test
-    return register
-
-
 def exactly(ctx, *bases) -> bool:
     """Whether the failing cases are exactly those of a property with one of these base ids."""
     p = ctx.pattern
     return p is not None and ctx.exact and p.id.split("&")[0] in bases
 
 
-def _errors(ctx, kind) -> list:
-    """The cases whose code raised ``kind``."""
-    return [r for r in ctx.results if isinstance(r.error, kind)]
+def errors_raised(ctx, error_class) -> list:
+    """The cases whose code raised an ``error_class`` (ShapeError, Unwritten, ...)."""
+    return [r for r in ctx.results if isinstance(r.error, error_class)]
 
 
-def _first_error(ctx, kind):
-    return next(iter(_errors(ctx, kind)), None)
-
-
-class ShapeError(Exception):
-    """An output of the wrong type or shape. ``idea``: what it means, where the place that
-    raises already knows (the shape rule then tells it instead of a generic one)."""
-
-    def __init__(self, message: str = "", idea: str = ""):
-        super().__init__(message)
-        self.idea = idea
-
-
-class DtypeError(ShapeError):
-    """An output of the wrong dtype."""
-
-
-class NoGradient(ShapeError):
-    """A gradient that came back None for an input that requires grad."""
-
-
-class NoBackwardKernel(Exception):
-    """An autograd.Function whose backward launched no Triton kernel (PyTorch's own autograd on a
-    materialised softmax, say): right values, not the lesson's kernels."""
-
-
-class CtxTensors(Exception):
-    """An autograd.Function whose forward kept tensors as ctx attributes (``names``), not with
-    ctx.save_for_backward."""
-
-    def __init__(self, names: list):
-        super().__init__(f"forward kept {', '.join('ctx.' + n for n in names)} as ctx attributes, "
-                         f"not with ctx.save_for_backward")
-        self.names = names
+def first_raised(ctx, error_class):
+    """The first case whose code raised an ``error_class``, or None."""
+    return next(iter(errors_raised(ctx, error_class)), None)
 
 
 def in_every_failing_case(ctx, prefix: str, also=lambda label: True) -> set:
@@ -289,11 +235,9 @@ def in_every_failing_case(ctx, prefix: str, also=lambda label: True) -> set:
     return common or set()
 
 
-def fingerprint_test(name: str):
-    """The test of a rule that fires when the failing cases' outputs match fingerprint ``name``.
-    It lives here, not in fingerprint_rules.py: importing that module registers all its rules,
-    and a module that needs only this test (beyond_rules) must not register them early -- the
-    fingerprints belong after the memory and head rules (rules.py's order)."""
+def matches(name: str):
+    """The test of a mistake whose failing cases' outputs match fingerprint ``name``, a known wrong
+    computation (:mod:`flashattn.check.fingerprints`)."""
     def test(ctx):
         matched = [r for r in ctx.failing if name in r.fingerprints]
         rest = [r for r in ctx.failing if name not in r.fingerprints]
@@ -318,30 +262,21 @@ def _only_without_causal(ctx) -> str:
     return ""
 
 
-def fingerprint_rule(id: str, title: str, idea: str, kinds: Optional[tuple] = None, name: Optional[str] = None):
-    """Register diagnosis ``id``: the failing cases match fingerprint ``name`` (default: ``id``)."""
-    rule(id, title, idea, kinds=kinds)(fingerprint_test(name or id))
 
 
-def diagnose(results: list, kind: str, subject=None) -> list:
-    """The first rule that fits, as a one-element list of :class:`Diagnosis` ([] if all passed).
-    ``subject``: the learner's function or launcher, whose source some rules read."""
-    from . import rules  # noqa: F401  (registers the rules, in order)
-
-    ctx = Context(results, kind, subject)
-    if not ctx.failing:
-        return []
-    for r in RULES:
-        if r.kinds is not None and kind not in r.kinds:
-            continue
-        found = r.test(ctx)
-        if found is not None:
-            evidence, idea = found if isinstance(found, tuple) else (found, r.idea)
-            return [Diagnosis(r.id, r.title, idea, evidence)]
-    return []
+_PATTERNS = {"case": lambda ctx: ctx.case_pattern(), "tensors": lambda ctx: ctx.tensor_pattern()}
 
 
-def _ranges(idx, limit: int = 6) -> str:
+def quoted_line(test, show=("case",)):
+    """The test of a mistake that quotes the first line of the learner's code for which
+    ``test(line)`` holds, followed by the case pattern and/or the tensor pattern (``show``)."""
+    def quote(ctx):
+        line = first_line(ctx, test)
+        return "; ".join([f"`{line}`"] + [_PATTERNS[s](ctx) for s in show]) if line else None
+    return quote
+
+
+def ranges(idx, limit: int = 6) -> str:
     idx = list(idx)
     if not idx:
         return "none"
@@ -355,3 +290,31 @@ def _ranges(idx, limit: int = 6) -> str:
             start = prev = i
     text = ", ".join(out[:limit])
     return text + (", ..." if len(out) > limit else "")
+
+
+#: the lessons' names of the inputs a kernel is handed
+INPUT_NAMES = {"q": "Q", "k": "K", "v": "V", "do": "dO", "lse": "LSE", "delta": "delta"}
+
+
+def facts(r, name: str) -> dict:
+    """The structural facts (:mod:`flashattn.check.structure`) of output ``name`` in case result ``r``."""
+    return r.structure.get(name, {})
+
+
+def heads_text(case, idx) -> str:
+    """'(0,1), (1,0), ...': the (batch, head) pairs of flat head indices ``idx``."""
+    return ", ".join(f"({i // case.H},{i % case.H})" for i in idx[:8]) + (", ..." if len(idx) > 8 else "")
+
+
+def displaced_stores(ctx):
+    """A GPU fences nothing off, but the guard past an output shows stores that landed there: with
+    contiguous inputs and block-multiple lengths, unwritten elements beside elements written past
+    the end mean the store's address itself is wrong. The evidence, or None."""
+    shifted = [(r, t) for r, t in ctx.bad_tensors()
+               if r.case.contiguous and aligned(r.case) and t.unwritten and t.guard_touched]
+    if not shifted:
+        return None
+    r, t = shifted[0]
+    return (f"'{r.case.name}' (contiguous inputs, lengths multiples of {BLOCKS[-1]}): {t.unwritten} "
+            f"elements of {t.name} never written and {t.guard_touched} written past its end -- its stores "
+            f"went to other addresses; {ctx.case_pattern()}")
