@@ -1,24 +1,14 @@
 """The package's imports, read from the source: no module of flashattn/ imports itself back through
 another (function-level imports count: they are how circles used to hide), the checker's readers
-never import its mistakes, no mistake module imports another, and no module of flashattn/check
-is over 700 lines."""
+never import its mistakes, no mistake module imports another, and no module of flashattn/ is over
+700 lines."""
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flashattn"
-
-#: circles outside this change's reach, each with why it is left (another engineer is changing
-#: these modules at the same time; issue 43's "not yours")
-KNOWN = {
-    frozenset({"flashattn.bench", "flashattn.bench_dropin", "flashattn.bench_host"}):
-        "bench.py <-> bench_dropin.py <-> bench_host.py share timing helpers; the benchmark is being "
-        "reworked separately (issue 43)",
-}
-
 
 def _modules() -> dict:
     out = {}
@@ -96,13 +86,8 @@ def test_the_walker_sees_a_circle():
 
 
 def test_no_import_circle_in_flashattn():
-    circles = [sorted(c) for c in _circles(GRAPH) if c not in KNOWN]
+    circles = [sorted(c) for c in _circles(GRAPH)]
     assert not circles, f"modules that import each other: {circles}"
-
-
-@pytest.mark.xfail(reason="; ".join(KNOWN.values()), strict=False)
-def test_no_import_circle_left_outside_this_change():
-    assert not [c for c in _circles(GRAPH) if c in KNOWN]
 
 
 def test_readers_never_import_mistakes_and_mistakes_never_each_other():
@@ -113,9 +98,8 @@ def test_readers_never_import_mistakes_and_mistakes_never_each_other():
         assert not deps & mistakes, f"{name} imports {sorted(deps & mistakes)}"
 
 
-def test_no_module_of_the_checker_is_over_700_lines():
-    long = {name: n for name, path in MODULES.items() if name.startswith("flashattn.check")
-            for n in [len(path.read_text().splitlines())] if n > 700}
+def test_no_module_is_over_700_lines():
+    long = {name: n for name, path in MODULES.items() for n in [len(path.read_text().splitlines())] if n > 700}
     assert not long, long
 
 

@@ -38,6 +38,9 @@ from .. import runtime, settings
 #: (``settings.direct_launch``).
 DIRECT_ENV = "FLASHATTN_DIRECT_LAUNCH"
 _proven = False     # a direct launch has succeeded: this Triton's launchers take what we pass
+#: Functions called as ``observe(launch, grid, args)`` at every ``DirectLaunch`` call, before it
+#: launches (the exercise checkers count a backward's kernel launches with one).
+OBSERVERS: list = []
 #: Kinds of arguments remembered per kernel variant before the memory is cleared (a model fed
 #: ever new shapes must not grow it without bound; a new kind only costs one plain launch).
 MAX_KINDS = 256
@@ -101,6 +104,9 @@ class DirectLaunch:
                 tuple([(t.dtype, not t.data_ptr() & 15) for t in tensors(args)]))
 
     def __call__(self, grid: tuple, args: tuple) -> None:
+        if OBSERVERS:
+            for observe in OBSERVERS:
+                observe(self, grid, args)
         if not (settings.current.direct_launch and _hooks_idle()) or runtime.INTERPRET or getattr(self.raw, "pre_run_hooks", None):
             self.raw[grid](*args, **self.kwargs)
             return

@@ -23,7 +23,7 @@ from typing import Iterable, Optional
 import torch
 
 from .. import runtime
-from ..check.runner import fence_wild_access
+from ..check.instruments import fence_wild_access
 from .families import RUNNERS, head_norms, row_norms, unavailable
 from .problems import FAMILIES, Problem, draw, make_inputs
 
