@@ -73,8 +73,10 @@ def _cell_error(nb, message: str) -> str:
     return message.strip().splitlines()[-1][:500] if message.strip() else "CellExecutionError"
 
 
-def run(paths: list[Path], workers: int = 1, progress: bool = True, keep: Optional[str] = None) -> list[dict]:
-    """Run the notebooks, ``workers`` at a time (each in its own kernel process)."""
+def run(paths: list[Path], workers: int = 1, progress: bool = True, keep: Optional[str] = None,
+        on_row=None) -> list[dict]:
+    """Run the notebooks, ``workers`` at a time (each in its own kernel process); ``on_row(rows)``
+    after each one (the record is written as it grows: a run cut short still leaves one)."""
     rows = []
     bar = None
     if progress:
@@ -83,6 +85,8 @@ def run(paths: list[Path], workers: int = 1, progress: bool = True, keep: Option
     with futures.ThreadPoolExecutor(max(1, workers)) as pool:     # the kernels are processes
         for row in pool.map(lambda p: run_one(str(p), keep=keep), paths):
             rows.append(row)
+            if on_row is not None:
+                on_row(rows)
             if bar is not None:
                 bar.update(1)
                 bar.write(f"{row['status'].upper():4} {row['seconds']:7.1f} s  {row['path']}"
@@ -118,14 +122,19 @@ def main(argv: Optional[list] = None) -> int:
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         ap.error(f"no such notebook: {', '.join(missing)}")
-    rows = run(paths, args.workers, keep=str(args.keep) if args.keep else None)
-    rec = record(rows)
-    prefix = "gpu_notebooks" if "Triton interpreter" not in rec["device"] else "cpu_notebooks"
-    from .bench_common import device_slug
+    from .bench_common import device_slug, environment
 
-    out = args.out / f"{prefix}_{device_slug(rec['device'])}.json"
+    device = environment()["device"]
+    prefix = "gpu_notebooks" if "Triton interpreter" not in device else "cpu_notebooks"
+    out = args.out / f"{prefix}_{device_slug(device)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=1) + "\n")
+
+    def save(rows):
+        out.write_text(json.dumps(dict(record(rows), of=len(paths)), indent=1) + "\n")
+
+    rows = run(paths, args.workers, keep=str(args.keep) if args.keep else None, on_row=save)
+    save(rows)
+    rec = record(rows)
     print(f"{rec['passed']} of {len(rows)} notebooks passed on {rec['device']}; wrote {out}")
     return 0 if rec["failed"] == 0 else 1
 
