@@ -19,8 +19,9 @@ from . import beyond, fast, ops, runtime
 IMPLEMENTATIONS = ("auto", "fast", "teaching")
 
 
-def _run(q, k, v, causal: bool, scale: float, impl: str) -> torch.Tensor:
-    """Validated 4-D inputs -> O, in the inputs' dtype, through the operators."""
+def _run(q, k, v, causal: bool, scale: float, impl: str, key=None) -> torch.Tensor:
+    """Validated 4-D inputs -> O, in the inputs' dtype, through the operators. ``key``: the
+    call's signature, kept (``_checked``) when the kernels take the inputs as they are."""
     kernel_dtype = runtime.compute_dtype(q.dtype, q.device)   # warns if bf16 must run in fp32
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
@@ -31,6 +32,10 @@ def _run(q, k, v, causal: bool, scale: float, impl: str) -> torch.Tensor:
         if not ok:
             raise ValueError(why)
     if kernel_dtype == q.dtype:     # (each .to() costs a microsecond of host time even when it copies nothing)
+        if key is not None:
+            if len(_checked) >= 1024:     # a model fed ever new shapes must not grow it unbounded
+                _checked.clear()
+            _checked[key] = (scale, impl)
         return ops.attention(q, k, v, causal, scale, impl)
     q_, k_, v_ = (t.to(kernel_dtype) for t in (q, k, v))
     return ops.attention(q_, k_, v_, causal, scale, impl).to(q.dtype)
@@ -54,10 +59,30 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     ``torch.autocast`` the inputs are cast to the autocast dtype, as SDPA's are.
     """
     q, k, v = runtime.autocast_inputs(q, k, v)
+    key = _signature(q, k, v, causal, scale, impl)
+    known = _checked.get(key) if key is not None else None
+    if known is not None:              # inputs like these passed validation before
+        return ops.attention(q, k, v, causal, *known)
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
     causal = runtime.validate_causal(causal)
-    scale = runtime.validate_scale(scale, q.shape[-1])
-    return _run(q, k, v, causal, scale, impl)
+    scale_value = runtime.validate_scale(scale, q.shape[-1])
+    return _run(q, k, v, causal, scale_value, impl, key)
+
+
+#: Validation and the choice of kernels depend only on what ``_signature`` holds, so a training
+#: loop pays for them once per kind of call, not at every call (~25 us of host time each).
+#: Signature -> (scale, kernels to run); calls that warn (the bf16 fallback) are never kept.
+_checked: dict = {}
+
+
+def _signature(q, k, v, causal, scale, impl):
+    """What validation and dispatch read of a call, or None for inputs that are not plain
+    tensors (subclasses, fakes while tracing: those are validated every time). The types of
+    ``causal`` and ``scale`` are part of it, so that 1 is not taken for True."""
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return None
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+            type(causal), causal, type(scale), scale, impl)
 
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -82,6 +107,43 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Not supported yet, with a ``NotImplementedError`` that says so: ``attn_mask`` (arbitrary
     masks), a value head dim unlike the query's.
     """
+    shapes = (query.shape, key.shape, value.shape, enable_gqa) if attn_mask is None and \
+        type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor else None
+    if shapes is None or shapes not in _sdpa_checked:
+        _check_sdpa(query, key, value, attn_mask, enable_gqa)
+        if shapes is not None:
+            if len(_sdpa_checked) >= 1024:
+                _sdpa_checked.clear()
+            _sdpa_checked.add(shapes)
+    if dropout_p == 0.0 and query.dim() == 4:       # what a model calls: straight through
+        return flash_attention(query, key, value, causal=is_causal, scale=scale)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    lead = query.shape[:-3]
+
+    def four_d(t):  # [..., H, L, E] -> [B, H, L, E]
+        if t.dim() == 2:
+            return t[None, None]
+        if t.dim() == 3:
+            return t[None]
+        return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
+
+    if dropout_p != 0.0:     # lesson 09's kernels: the mask regenerated in the backward, never stored
+        out = beyond.flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale,
+                                     dropout_p=dropout_p)
+    else:
+        out = flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale)
+    if query.dim() == 4:
+        return out
+    return out.reshape(*lead, *query.shape[-3:]) if query.dim() > 4 else out.reshape(query.shape)
+
+
+#: (query, key, value shapes, enable_gqa) of plain-tensor calls whose arguments passed ``_check_sdpa``
+#: (it reads nothing else): a training loop checks them once per kind of call
+_sdpa_checked: set = set()
+
+
+def _check_sdpa(query, key, value, attn_mask, enable_gqa) -> None:
+    """The drop-in's own checks (shapes, heads, what is not supported), with SDPA's meaning."""
     if attn_mask is not None:
         raise NotImplementedError("flashattn.scaled_dot_product_attention does not take attn_mask yet "
                                   "(only is_causal); use torch's SDPA for arbitrary masks")
@@ -102,21 +164,3 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if query.shape[:-3] != key.shape[:-3] or key.shape[:-1] != value.shape[:-1]:
         raise ValueError(f"the leading dimensions must match: query {tuple(query.shape)}, "
                          f"key {tuple(key.shape)}, value {tuple(value.shape)}")
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    lead = query.shape[:-3]
-
-    def four_d(t):  # [..., H, L, E] -> [B, H, L, E]
-        if t.dim() == 2:
-            return t[None, None]
-        if t.dim() == 3:
-            return t[None]
-        return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
-
-    if dropout_p != 0.0:     # lesson 09's kernels: the mask regenerated in the backward, never stored
-        out = beyond.flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale,
-                                     dropout_p=dropout_p)
-    else:
-        out = flash_attention(four_d(query), four_d(key), four_d(value), causal=is_causal, scale=scale)
-    if query.dim() == 4:
-        return out
-    return out.reshape(*lead, *query.shape[-3:]) if query.dim() > 4 else out.reshape(query.shape)

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from . import runtime
-from .bench_common import (attention_flops, device_slug, environment, in_turn,  # noqa: F401 (also bench.*)
+from .bench_common import (attention_flops, command_line, device_slug, environment, in_turn,  # noqa: F401 (also bench.*)
                            measure, median_ms, median_of_rounds, providers, with_settings, with_tflops)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -302,7 +302,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _output(args, env, argv, prefix: str) -> tuple[Path, str]:
     """Records the command line in ``env``, makes the output folder and returns it with the file
     stem: ``--name``, or ``prefix`` and the device's name."""
-    env["command"] = "python -m flashattn.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    env["command"] = command_line("python -m flashattn.bench", argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     return out, args.name or prefix + "".join(c if c.isalnum() else "_" for c in env["device"]).strip("_").lower()
@@ -353,7 +353,7 @@ def _main_host_profile(args, env, argv) -> int:
     out, _ = _output(args, env, argv, "host_profile_")
     stem = args.name or f"host_profile_{device_slug(env['device'])}"
     tables = {shape: bench_host.profile_layers(*shape) for shape in bench_host.PROFILE_SHAPES}
-    text = bench_host.profile_markdown(tables, env)
+    text = bench_host.profile_markdown(tables, env, bench_host.per_call())
     (out / f"{stem}.md").write_text(text)
     print(text)
     print(f"wrote {out / (stem + '.md')}")

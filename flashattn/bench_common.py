@@ -24,6 +24,17 @@ from .reference import attention_autograd
 # --------------------------------------------------------------------------------------
 # providers: name -> attention function (q, k, v, causal) -> out
 # --------------------------------------------------------------------------------------
+def command_line(program: str, argv) -> str:
+    """The command a record was made with, as it is committed: ``--out``'s folder named
+    ``results`` (where records are committed), not the measuring machine's."""
+    import sys
+
+    words = list(argv if argv is not None else sys.argv[1:])
+    if "--out" in words[:-1]:
+        words[words.index("--out") + 1] = "results"
+    return " ".join([program, *words])
+
+
 def _sdpa_backend(backend_name: str) -> Callable:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -202,8 +202,59 @@ def profile_layers(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list
     return [(name, round(_per_call_us(fn, calls=200 if "backward" in name else 500), 1)) for name, fn in rows]
 
 
-def profile_markdown(tables: dict, env: dict) -> str:
-    """The committed table: one column per shape."""
+#: a practitioner's calls (issue 42's table): bf16, causal, forward + backward of the drop-in
+CALL_SHAPES = ((8, 12, 256, 64), (16, 12, 512, 64), (8, 16, 1024, 64), (4, 32, 2048, 128))
+
+
+def per_call(shapes=CALL_SHAPES, calls: int = 200, rounds: int = 5) -> list[dict]:
+    """Wall time per forward + backward call (the GPU's time included: the last shape is GPU-bound)
+    of the drop-in with and without launch plans and of torch's SDPA (its default backend),
+    taking turns round by round; the median of the rounds."""
+    import torch.nn.functional as F
+
+    from . import api, settings
+
+    rows = []
+    for B, H, S, D in shapes:
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        do = torch.randn_like(q)
+        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+        ours = lambda: api.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
+
+        def no_plans():
+            with settings.override(plans=False):
+                ours()
+
+        fns = {"flashattn": ours, "flashattn, no plans": no_plans, "torch SDPA": sdpa}
+        times = {name: [] for name in fns}
+        for fn in fns.values():
+            for _ in range(10):
+                fn()
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                torch.cuda.synchronize()
+                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        us = {name: statistics.median(t) for name, t in times.items()}
+        rows.append(dict(shape=f"B{B} H{H} S{S} D{D}", **{name: round(t, 1) for name, t in us.items()},
+                         speed=round(us["torch SDPA"] / us["flashattn"], 2)))
+    return rows
+
+
+def per_call_markdown(rows: list[dict]) -> list[str]:
+    lines = ["| shape (bf16, causal) | flashattn fwd+bwd (us per call) | without launch plans | torch SDPA | "
+             "flashattn speed |", "| --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['flashattn']:.1f} | {r['flashattn, no plans']:.1f} | "
+                     f"{r['torch SDPA']:.1f} | {r['speed']:.2f}x |")
+    return lines
+
+
+def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None) -> str:
+    """The committed table: one column per shape (and, first, the per-call table of ``per_call``)."""
     shapes = list(tables)
     names = [name for name, _ in tables[shapes[0]]]
     head = "| layer (us per call, host) | " + " | ".join(f"B{b} H{h} S{s} D{d}" for b, h, s, d in shapes) + " |"
@@ -218,4 +269,9 @@ def profile_markdown(tables: dict, env: dict) -> str:
     for i, name in enumerate(names):
         depth = (len(name) - len(name.lstrip())) // 2     # the nesting, shown as dots
         lines.append(f"| {'· ' * depth}{name.strip()} | " + " | ".join(f"{tables[s][i][1]:.1f}" for s in shapes) + " |")
+    if calls:
+        lines += ["", "Per call, what a training loop sees: wall time of forward + backward (the GPU's time "
+                  "included), the drop-in with launch plans (``flashattn/fast/plans.py``), without them "
+                  "(``FLASHATTN_PLANS=0``) and torch's SDPA, in turn, median of 5 rounds of 200 calls.", ""]
+        lines += per_call_markdown(calls)
     return "\n".join(lines) + "\n"

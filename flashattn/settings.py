@@ -13,7 +13,8 @@ first ``import flashattn``). The code reads ``settings.current`` (never the envi
 | ``FLASHATTN_FP32_PIECES=0`` | on | fp32's backward as two kernels, not the fused kernel on bf16 pieces |
 | ``FLASHATTN_FP32_PRECISION`` | bf16x6 | fp32 products: ``bf16x6``, ``tf32x3``, ``bf16x3`` or ``ieee`` |
 | ``FLASHATTN_AUTOTUNE=1`` | off | time the candidate tiles on first use instead of the per-device defaults |
-| ``FLASHATTN_DIRECT_LAUNCH=0`` | on | every launch through ``kernel[grid]`` (Triton's own binding) |
+| ``FLASHATTN_DIRECT_LAUNCH=0`` | on | every launch through ``kernel[grid]`` (Triton's own binding); no launch plans either |
+| ``FLASHATTN_PLANS=0`` | on | no launch plans: every fp16/bf16 call redoes its host work (``fast/plans.py``) |
 | ``FLASHATTN_MAX_SHARED_MEMORY`` | the GPU's | cap the shared memory tiles may use (bytes; ``64K`` works): a T4's limit on a big GPU |
 | ``FLASHATTN_POISON=1`` | off | every output starts as NaN (an element never written shows) |
 
@@ -73,6 +74,7 @@ class Settings:
     fp32_precision: Optional[str] = None      # None: the default for this GPU and Triton
     autotune: bool = False
     direct_launch: bool = True
+    plans: bool = True
     max_shared_memory: Optional[int] = None   # None: the GPU's own limit
     poison: bool = False
 
@@ -87,6 +89,7 @@ VARIABLES = {
     "fp32_precision": ("FLASHATTN_FP32_PRECISION", lambda raw: parse_precision("FLASHATTN_FP32_PRECISION", raw)),
     "autotune": ("FLASHATTN_AUTOTUNE", _on_if_set),
     "direct_launch": ("FLASHATTN_DIRECT_LAUNCH", _off_if_zero),
+    "plans": ("FLASHATTN_PLANS", _off_if_zero),
     "max_shared_memory": ("FLASHATTN_MAX_SHARED_MEMORY",
                           lambda raw: parse_bytes("FLASHATTN_MAX_SHARED_MEMORY", raw)),
     "poison": ("FLASHATTN_POISON", lambda raw: raw.strip() == "1"),

@@ -504,7 +504,9 @@ def main(argv=None) -> int:
         if bad:
             ap.error(f"S = {S} is not divisible by 2W for W in {bad} (the zigzag layout)")
     env = {}        # filled in by rank 0 of the first GPU count (this process stays off the GPUs)
-    env["command"] = "python -m flashattn.distributed.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    from ..bench_common import command_line
+
+    env["command"] = command_line("python -m flashattn.distributed.bench", argv)
     env["gpus_on_host"] = have
     cfg = dict(B=args.batch, H=args.heads, D=args.head_dim, dtype=args.dtype, causal=True, layout="zigzag",
                seqs=seqs, providers=args.providers, rounds=1 if args.quick else args.rounds, overlap=not args.no_overlap)

@@ -40,6 +40,7 @@ from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_surv
                         sequence_bounds)
 from .forward import load_rows, load_tile, store_tile, window_tiles
 from .pieces import load3, mm, operand, split_pieces, trans
+from . import plans
 from .launch import DirectLaunch
 from .tuning import LOG2E
 
@@ -476,6 +477,7 @@ def backward_delta(o, do):
         plan = _delta_plans[key] = (cfg, DirectLaunch(attn_bwd_delta_kernel, delta_meta(cfg, o.shape[-1])))
     cfg, direct = plan
     delta, grid, args = delta_launch(o, do, cfg)
+    plans.count_launch()
     direct(grid, args)
     return delta
 
@@ -491,7 +493,28 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     (see ``fast.precompile``).
     fp16/bf16/fp32, head dim a multiple of 8 up to 256, any strides (dO's own too); the two
     kernels split a head dim of 128 < D <= 192 into 128 + tail columns (``tuning.head_dim_tail``).
-    ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's."""
+    ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's.
+    A plain fp16/bf16 call of the two kernels replays the launch plan of an earlier call of the
+    same signature (``plans.py``: the host's work done once)."""
+    if (fused is not True and config is None and not warmup and layout is None and not window_args[0]
+            and not dropout_p and q.dtype in plans.HALF and plans.enabled()):
+        key = plans.signature((q, k, v, o, do, lse), ("bwd", causal, scale, needs_dq, needs_dkdv))
+        plan = plans.find(key)
+        if plan is not None:
+            return plan((q, k, v, o, do, lse))
+        return plans.record(key, (q, k, v, o, do, lse),
+                            lambda: _launch_backward(q, k, v, o, do, lse, causal, scale, needs_dq, needs_dkdv,
+                                                     fused=False),
+                            allocator=tuning.ensure_allocator if q.shape[-1] == 128 else None)
+    return _launch_backward(q, k, v, o, do, lse, causal, scale, needs_dq, needs_dkdv, fused=fused, config=config,
+                            warmup=warmup, layout=layout, window_args=window_args, dropout_p=dropout_p, seed=seed)
+
+
+def _launch_backward(q, k, v, o, do, lse, causal: bool, scale: float,
+                     needs_dq: bool = True, needs_dkdv: bool = True, *, fused: bool | None = None,
+                     config=None, warmup: bool = False,
+                     layout=None, window_args=(False, 0, 0), dropout_p: float = 0.0, seed: int = 0):
+    """fast_attention_backward's plain path: tiles, arguments, launches."""
     H, D = q.shape[1], q.shape[3]
     H_kv = k.shape[1]
     if layout is None:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..features import dropout_apply, dropout_draws, dropout_threshold, sequence_bounds
-from . import tuning
+from . import plans, tuning
 from .tuning import LN2, LOG2E
 
 
@@ -237,7 +237,25 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
 
     Lesson 09's features (``flashattn.beyond`` validates and passes them): ``layout`` (a
     ``beyond.kernels.Layout``: packed batches), ``window_args`` = (on, LEFT, RIGHT) with causal
-    folded in (then ``causal`` is False), ``dropout_p`` and ``seed``."""
+    folded in (then ``causal`` is False), ``dropout_p`` and ``seed``.
+
+    A plain fp16/bf16 call replays the launch plan of an earlier call of the same signature
+    (``plans.py``: the host's work done once)."""
+    if (config is None and not warmup and layout is None and not window_args[0] and not dropout_p
+            and q.dtype in plans.HALF and plans.enabled()):
+        key = plans.signature((q, k, v), ("fwd", causal, scale))
+        plan = plans.find(key)
+        if plan is not None:
+            return plan((q, k, v))
+        return plans.record(key, (q, k, v), lambda: _launch_forward(q, k, v, causal, scale),
+                            allocator=tuning.ensure_allocator if q.shape[-1] == 128 else None)
+    return _launch_forward(q, k, v, causal, scale, config=config, warmup=warmup, layout=layout,
+                           window_args=window_args, dropout_p=dropout_p, seed=seed)
+
+
+def _launch_forward(q, k, v, causal: bool, scale: float, *, config=None, warmup: bool = False,
+                    layout=None, window_args=(False, 0, 0), dropout_p: float = 0.0, seed: int = 0):
+    """fast_attention_forward's plain path: tile, arguments, launch."""
     H = q.shape[1]
     H_kv = k.shape[1]
     windowed, left, right = window_args

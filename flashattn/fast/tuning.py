@@ -22,6 +22,7 @@ import triton.language as tl
 
 from .. import configs, runtime, settings
 from ..configs import KernelConfig
+from . import plans
 from .launch import DirectLaunch
 
 #: exp(x) = exp2(x * LOG2E): the fast kernels work in base 2 (exp2 is the GPU's native unit)
@@ -327,6 +328,8 @@ def run(name: str, raw, tuned, grid, args, meta: dict, *, config: KernelConfig |
     A default launch is remembered (``_plans``): the next call with the same kernel variant skips
     the choice and launches directly (``launch.DirectLaunch``)."""
     q = args[0]
+    if not warmup:
+        plans.count_launch()
     if config is not None or runtime.INTERPRET:
         mode = "fixed"
     elif tuned is not None and autotune_requested():
