@@ -35,12 +35,11 @@ import triton.language as tl
 
 from .. import configs, runtime
 from ..backward import attention_backward_delta, attn_bwd_delta_kernel, delta_launch, delta_meta
-from . import tuning
+from . import launch, plans, tuning
 from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_survives, dropout_threshold,
                         sequence_bounds)
 from .forward import load_rows, load_tile, store_tile, window_tiles
 from .pieces import load3, mm, operand, split_pieces, trans
-from . import plans
 from .launch import DirectLaunch
 from .tuning import LOG2E
 
@@ -539,9 +538,14 @@ def _launch_backward(q, k, v, o, do, lse, causal: bool, scale: float,
             k_in = v_in = tuning.ArgSpec(k.shape, torch.bfloat16, k.device)
         else:
             q_in, do_in, k_in, v_in = planes_q[0, 0], planes_q[0, 1], planes_kv[0, 0], planes_kv[0, 1]
-    common = (cu_q, cu_k, *strides(q_in), *strides(k_in), *strides(v_in), *strides(do_in),
-              *strides(lse)[:2], *strides(delta)[:2])
-    features = (S_BUCKET, *window_args[1:], float(dropout_p), dropout_threshold(dropout_p), seed)
+    # what both kernels take, by name (``launch.arguments`` orders them)
+    common = dict(LSE=lse, DELTA=delta, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k,
+                  **launch.strides("q", strides(q_in)), **launch.strides("k", strides(k_in)),
+                  **launch.strides("v", strides(v_in)), **launch.strides("do", strides(do_in)),
+                  **launch.strides("lse", strides(lse)[:2]), **launch.strides("delta", strides(delta)[:2]),
+                  GROUP_SIZE=H // H_kv, S_q=S_q, S_k=S_k, scale=scale, S_BUCKET=S_BUCKET,
+                  LEFT=window_args[1], RIGHT=window_args[2], dropout_p=float(dropout_p),
+                  threshold=dropout_threshold(dropout_p), seed=seed)
     # TMA loads where they measured faster on an H100 (notebook 06): D = 128 with a long query loop,
     # 4-9% off the backward at S >= 4k; at S = 1k causal the descriptors' setup cost 16%, at D = 64
     # nothing was gained, and the fused kernel got slower
@@ -558,7 +562,8 @@ def _launch_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     dq = dk = dv = None
     if needs_dq and not fused:
         dq = new(tuple(q.shape), q.dtype, q.device)
-        args = (q, k, v, do, lse, delta, dq, *common, *strides(dq)[:3], H, H // H_kv, S_q, S_k, scale, *features)
+        args = launch.arguments(fast_dq_kernel, Q=q, K=k, V=v, DO=do, DQ=dq, **launch.strides("dq", strides(dq)[:3]),
+                                H=H, **common)
         tuning.run("dq", fast_dq_kernel, _tuned_dq, lambda m: (triton.cdiv(S_q, m["BLOCK_M"]), B * H),
                    args, dict(meta, **split), config=config, warmup=warmup)
     if needs_dkdv:
@@ -570,9 +575,10 @@ def _launch_backward(q, k, v, o, do, lse, causal: bool, scale: float,
                       else torch.zeros(q.shape, dtype=torch.float32, device=q.device))
         else:
             dq_acc = dk
-        args = (q_in, k_in, v_in, do_in, lse, delta, dk, dv, dq_acc, *common,
-                *strides(dk)[:3], *strides(dv)[:3], *strides(dq_acc)[:3],
-                H_kv, H // H_kv, S_q, S_k, scale, *features, stride_piece_q, stride_piece_kv)
+        args = launch.arguments(fast_dkdv_kernel, Q=q_in, K=k_in, V=v_in, DO=do_in, DK=dk, DV=dv, DQ_ACC=dq_acc,
+                                **launch.strides("dk", strides(dk)[:3]), **launch.strides("dv", strides(dv)[:3]),
+                                **launch.strides("dq", strides(dq_acc)[:3]), H_KV=H_kv,
+                                stride_piece_q=stride_piece_q, stride_piece_kv=stride_piece_kv, **common)
         parts = ("pieces",) if pieces else tuning.dkdv_parts(D, fused)    # D > 192: dK and dV by a launch each
         assert not (tma and len(parts) > 1), "TMA loads are for D = 128 only; dK, dV are split at D > 192"
         for name in parts:

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..features import dropout_apply, dropout_draws, dropout_threshold, sequence_bounds
-from . import plans, tuning
+from . import launch, plans, tuning
 from .tuning import LN2, LOG2E
 
 
@@ -266,10 +266,12 @@ def _launch_forward(q, k, v, causal: bool, scale: float, *, config=None, warmup:
     new, strides = tuning.outputs_and_strides(layout, warmup)
     o = new(tuple(q.shape), q.dtype, q.device)
     lse = new(tuple(q.shape[:3]), torch.float32, q.device)
-    args = (q, k, v, o, lse, cu_q, cu_k, *strides(q), *strides(k), *strides(v),
-            *strides(o)[:3], *strides(lse)[:2],
-            H, H // H_kv, S_q, S_k, scale, tuning.bucket(S_q, S_k),
-            left, right, float(dropout_p), dropout_threshold(dropout_p), seed)
+    args = launch.arguments(
+        fast_fwd_kernel, Q=q, K=k, V=v, O=o, LSE=lse, CU_SEQLENS_Q=cu_q, CU_SEQLENS_K=cu_k,
+        **launch.strides("q", strides(q)), **launch.strides("k", strides(k)), **launch.strides("v", strides(v)),
+        **launch.strides("o", strides(o)[:3]), **launch.strides("lse", strides(lse)[:2]),
+        H=H, GROUP_SIZE=H // H_kv, S_q=S_q, S_k=S_k, scale=scale, S_BUCKET=tuning.bucket(S_q, S_k),
+        LEFT=left, RIGHT=right, dropout_p=float(dropout_p), threshold=dropout_threshold(dropout_p), seed=seed)
     # K and V through the copy engine where that measured faster on an H100 (notebook 06): D = 128,
     # up to 17% off the forward (16k causal: 2.59 -> 2.22 ms; 6-8% non-causal; 1k causal: even); at
     # D = 64 the pointer loads were as fast or faster. Packed batches keep the pointer loads (not measured)

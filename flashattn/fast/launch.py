@@ -51,6 +51,37 @@ def set_direct(enabled: bool) -> None:
     settings.set_values(direct_launch=bool(enabled))
 
 
+def runtime_names(kernel) -> tuple[str, ...]:
+    """A jitted kernel's parameters that are passed at launch (not ``tl.constexpr``), in order."""
+    names = getattr(kernel, "_flashattn_runtime_names", None)
+    if names is None:
+        import inspect
+
+        fn = getattr(kernel, "fn", kernel)
+        names = tuple(p.name for p in inspect.signature(fn).parameters.values()
+                      if "constexpr" not in str(p.annotation))
+        kernel._flashattn_runtime_names = names
+    return names
+
+
+def arguments(kernel, **values) -> tuple:
+    """The positional arguments of a launch of ``kernel``, given by name: a launcher names what
+    it passes (``Q=q, S_k=S_k, ...``) and a missing or unknown name is an error here, not a
+    silently shifted argument. (A plan, ``plans.py``, replays the tuple without this cost.)"""
+    names = runtime_names(kernel)
+    if len(values) != len(names) or values.keys() != set(names):
+        missing = [n for n in names if n not in values]
+        unknown = [n for n in values if n not in names]
+        raise TypeError(f"{getattr(kernel, '__name__', kernel)}: missing {missing}, unknown {unknown}")
+    return tuple(map(values.__getitem__, names))
+
+
+def strides(name: str, values) -> dict:
+    """``strides("q", (sb, sh, ss, sd))`` -> ``{"stride_q_b": sb, "stride_q_h": sh, ...}``: the
+    kernels name a tensor's strides by its batch, head, sequence and head-dim axes, in that order."""
+    return {f"stride_{name}_{axis}": value for axis, value in zip("bhsd", values)}
+
+
 def _picker(positions):
     """``args -> tuple(args[i] for i in positions)``, done in C by ``operator.itemgetter``."""
     if not positions:
