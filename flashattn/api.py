@@ -14,23 +14,14 @@ from typing import Optional
 
 import torch
 
-from . import beyond, fast, ops, runtime
-
-IMPLEMENTATIONS = ("auto", "fast", "teaching")
+from . import beyond, ops, runtime
 
 
 def _run(q, k, v, causal: bool, scale: float, impl: str, key=None) -> torch.Tensor:
     """Validated 4-D inputs -> O, in the inputs' dtype, through the operators. ``key``: the
     call's signature, kept (``_checked``) when the kernels take the inputs as they are."""
     kernel_dtype = runtime.compute_dtype(q.dtype, q.device)   # warns if bf16 must run in fp32
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-    if impl == "auto":
-        impl = "fast" if not runtime.INTERPRET and fast.supports(kernel_dtype, q.shape[-1])[0] else "teaching"
-    elif impl == "fast":
-        ok, why = fast.supports(kernel_dtype, q.shape[-1])
-        if not ok:
-            raise ValueError(why)
+    impl = ops.pick_impl(impl, kernel_dtype, q.shape[-1])
     if kernel_dtype == q.dtype:     # (each .to() costs a microsecond of host time even when it copies nothing)
         if key is not None:
             if len(_checked) >= 1024:     # a model fed ever new shapes must not grow it unbounded

@@ -11,7 +11,7 @@ the forward with its autograd formula (the backward operator). What that buys:
 * ``torch.library.opcheck`` checks the registrations.
 
 Which kernels run is an argument of the operators (``impl``: "fast" or "teaching"), chosen by
-``flashattn.api`` from the inputs; a gradient nobody asked for is not computed (the operator
+``pick_impl`` from the inputs; a gradient nobody asked for is not computed (the operator
 returns an empty tensor in its place, which autograd turns back into None).
 
 Eager calls skip the operators and run the same two functions through a plain
@@ -26,11 +26,29 @@ from torch.library import custom_op
 
 from . import runtime
 from .backward import attention_backward
-from .fast import fast_attention_backward, fast_attention_forward
+from .fast import fast_attention_backward, fast_attention_forward, supports
 from .fast.autograd import contiguous_do, prepare_backward, wait_prepared, wants_gradient
 from .forward import attention_forward
 
 IMPLS = ("fast", "teaching")
+IMPLEMENTATIONS = ("auto", *IMPLS)          # what a caller may ask for
+
+
+def pick_impl(impl: str, dtype: torch.dtype, head_dim: int) -> str:
+    """Which kernels run, "fast" or "teaching", for inputs the kernels see in ``dtype``: ``impl``
+    itself, or for "auto" the fast ones on a GPU where they take the inputs. ValueError for an
+    unknown impl, or "fast" where it does not apply. ``flashattn.api`` and ``flashattn.beyond``
+    both ask here, so they cannot choose differently."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    if impl == "teaching":
+        return impl
+    ok, why = supports(dtype, head_dim)
+    if impl == "fast":
+        if not ok:
+            raise ValueError(why)
+        return impl
+    return "fast" if ok and not runtime.INTERPRET else "teaching"
 
 
 def run_forward(q, k, v, causal: bool, scale: float, impl: str, prepare: bool) -> tuple[torch.Tensor, torch.Tensor]:

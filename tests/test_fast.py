@@ -448,3 +448,20 @@ def test_the_fused_backward_has_no_nan_from_padded_keys_at_large_logits():
     for t in leaves:
         assert torch.isfinite(t.grad).all()
     assert torch.allclose(leaves[0].grad, torch.zeros_like(q), atol=1e-4)     # one key: dS = 0 exactly
+
+
+def test_the_dq_kernel_takes_the_forwards_key_ranges():
+    """fast_dq_kernel's unmasked/masked key ranges are fast_fwd_kernel's, copied on purpose (lesson 06
+    prints the forward whole, so they stay inline there): the copies stay equal, line for line."""
+    import inspect
+    from flashattn.fast import backward, forward
+
+    def ranges(kernel):
+        lines = [line.strip() for line in inspect.getsource(kernel.fn).splitlines()]
+        start = lines.index("free_end = tl.minimum(start_m, S_k)") - 1
+        end = lines.index("unmasked_end = (free_end // BLOCK_N) * BLOCK_N")
+        return [line for line in lines[start:end + 1] if not line.startswith("#")]
+
+    fwd, dq = ranges(forward.fast_fwd_kernel), ranges(backward.fast_dq_kernel)
+    assert fwd[0] == "if CAUSAL:" and len(fwd) == 10, fwd
+    assert dq == fwd

@@ -18,13 +18,10 @@ import torch
 from .. import runtime
 from ..configs import KernelConfig
 from ..features import DROPOUT_LEVELS, dropout_counters, dropout_threshold
-from ..fast import fast_attention_backward, fast_attention_forward, supports
-from ..ops import traced
+from ..fast import fast_attention_backward, fast_attention_forward
+from ..ops import pick_impl, traced
 from . import ops
 from .kernels import Layout, beyond_backward, beyond_forward, window_bounds
-
-IMPLEMENTATIONS = ("auto", "fast", "teaching")
-
 
 class BeyondAttentionFunction(torch.autograd.Function):
     """O from q, k, v (4-D views); the backward regenerates P from LSE and Z from the seed.
@@ -59,13 +56,7 @@ class BeyondAttentionFunction(torch.autograd.Function):
 
 def _kernels(dtype: torch.dtype, head_dim: int, impl: str, window, causal: bool, S_q: int, S_k: int):
     """(impl, mask) for ``BeyondAttentionFunction``: which family runs, and how it takes the mask."""
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-    ok, why = supports(dtype, head_dim)
-    if impl == "auto":
-        impl = "fast" if ok and not runtime.INTERPRET else "teaching"
-    elif impl == "fast" and not ok:
-        raise ValueError(why)
+    impl = pick_impl(impl, dtype, head_dim)
     window_args = window_bounds(window, causal, S_q, S_k)
     if impl == "teaching":
         return impl, (False, window_args)            # causal is the window (-1, 0)

@@ -282,6 +282,9 @@ def beyond_dq_kernel(
 # --------------------------------------------------------------------------------------
 # 3. dK, dV: one program per block of key rows, looping over the query rows that see them
 # --------------------------------------------------------------------------------------
+# Lesson 04's attn_bwd_dkdv_kernel plus the three switches, a whole copy on purpose (as the forward
+# and dQ above are lessons 02's and 03's): lesson 04's kernel stays as that lesson prints it, and
+# lesson 09 is read against it.
 @triton.jit
 def beyond_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, CU_SEQLENS_Q, CU_SEQLENS_K,

@@ -166,6 +166,8 @@ def fast_dq_kernel(
         unmasked_end = free_hi
         masked_end = hi
     else:
+        # fast_fwd_kernel's key ranges, line for line; kept inline there, as lesson 06 prints that
+        # kernel whole (test_fast keeps the two copies equal)
         if CAUSAL:
             free_end = tl.minimum(start_m, S_k)
             masked_end = tl.minimum(start_m + BLOCK_M, S_k)

@@ -223,6 +223,8 @@ def fast_fwd_kernel(
     tl.store(lse_base + offs_m, lse, mask=rows)
 
 
+# fast_dq_kernel repeats the key ranges above (CAUSAL, VARLEN) line for line: a shared helper would
+# change the kernel that lesson 06 prints; test_fast keeps the two copies equal.
 _tuned_fwd = tuning.autotuned(fast_fwd_kernel, "fwd")
 
 #: A causal forward over at most this many keys (fp16/bf16, none of lesson 09's features) takes the
