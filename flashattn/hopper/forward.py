@@ -1,0 +1,280 @@
+"""FlashAttention-3's forward for Hopper (sm_90), written in Gluon: the copy engine, mbarriers and
+asynchronous warpgroup products by hand, where ``flashattn/fast/forward.py`` leaves them to Triton.
+
+Same math as ``flashattn/forward.py`` (online softmax; O = acc / l, LSE = m + ln l, natural log,
+fp32) and the same conventions as ``fast_attention_forward``, whose LSE the backward kernels read.
+What is different is who waits for whom:
+
+* **A ring of K and V slots.** ``STAGES`` shared-memory slots for K and as many for V, each with a
+  "ready" mbarrier (the copy engine completes it when the tile's bytes have landed) and an "empty"
+  one (the consumer arrives when no product reads the slot any more). Tile j lives in slot
+  j % STAGES; its barriers are in their (j // STAGES)-th phase, so the parity waited on is
+  (j // STAGES) & 1 (the producer waits for "empty" with the other parity: a fresh barrier counts
+  as having completed the phase before its first, so the first STAGES loads go out at once).
+* **The copy engine (TMA) fetches every tile** by 4-D descriptors over [B, H, S, D] with the
+  tensors' own strides: no address per element, and rows past S_q or S_k arrive as zeros (a
+  descriptor per head would be needed otherwise: the next head's rows are not zeros). The output
+  leaves the same way, through Q's slot (Q is dead by then); the copy engine drops rows past S_q.
+* **The softmax of tile j under the products of tile j - 1.** Both products are asynchronous
+  (``warpgroup_mma(..., is_async=True)``). Each step issues S_j = Q K_j^T, then
+  acc += P_{j-1} V_{j-1}, waits for S_j alone (``num_outstanding=1``: the PV product keeps the
+  tensor cores busy), computes P_j's exponentials, and only then waits for the PV product and
+  rescales acc by alpha_j = exp2(m_{j-1} - m_j). In log2 units with the scale folded in:
+  m_j = max(m_{j-1}, rowmax(S_j) * scale * log2 e), P_j = exp2(S_j * scale * log2 e - m_j),
+  l_j = l_{j-1} alpha_j + rowsum(P_j).
+* **A producer warp** (``WARP_SPECIALIZE``): ``gl.warp_specialize`` gives the loads to one warp
+  running on 24 registers (``setmaxnreg``), so the two consumer warpgroups (8 warps: 64 query rows
+  each, as FA3's) get the rest and never stop to issue a copy. Without it (``WARP_SPECIALIZE=False``)
+  the consumers issue the loads themselves, ``STAGES - 1`` tiles ahead, after a barrier of the CTA.
+* Masks only where needed: a tile is masked (keys past S_k; causal: keys past the row) only when
+  its last key is past ``free_end``; tiles above the causal diagonal are never loaded. Causal query
+  blocks run longest first (program 0 takes the last block).
+
+The host side (``attention_forward``) builds the descriptors and launches; ``supports`` says when
+the copy engine's rules hold (unit last stride, 16-byte aligned strides and base).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import gluon_api
+from .host import descriptor_strides
+
+gluon, gl = gluon_api.gluon, gluon_api.gl
+mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
+warpgroup_mma, warpgroup_mma_wait = gluon_api.warpgroup_mma, gluon_api.warpgroup_mma_wait
+fence_async_shared = gluon_api.fence_async_shared
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+#: (head dim) -> (BLOCK_M, BLOCK_N, STAGES): 128 query rows (two warpgroups of 64) by 128 keys;
+#: shared memory at D = 128: Q 32 KB + 2 x (K 32 KB + V 32 KB) = 160 KB; D = 64: 16 + 3 x 32 = 112 KB.
+TILES = {64: (128, 128, 3), 128: (128, 128, 2)}
+NUM_WARPS = 8           # the consumer warpgroups (default partition)
+PRODUCER_REGS = 24      # setmaxnreg of the producer warp: it only issues copies
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Tile j of K and V into slot j % STAGES, once the consumers have emptied it."""
+    slot = j % STAGES
+    parity = ((j // STAGES) & 1) ^ 1
+    mbarrier.wait(k_empty.index(slot), parity)
+    mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, h_kv, j * BLOCK_N, 0], k_ready.index(slot), k_smem.index(slot))
+    mbarrier.wait(v_empty.index(slot), parity)
+    mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [b, h_kv, j * BLOCK_N, 0], v_ready.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              b, h, h_kv, start_m, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: Q once, then every K and V tile of this block as slots free up."""
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+    for j in range(n_tiles):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j, BLOCK_N, STAGES)
+
+
+@gluon.jit
+def _softmax_step(s, m_i, l_i, start_n, offs_m, S_k, free_end, qk_scale,
+                  CAUSAL: gl.constexpr, BLOCK_N: gl.constexpr, s_layout: gl.constexpr):
+    """One tile's online-softmax update: (P in fp32, m_j, l_j, alpha_j). The mask only on tiles
+    that reach past ``free_end`` (keys past S_k, or causal keys some row of the block must not see)."""
+    if start_n + BLOCK_N > free_end:
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = offs_n[None, :] < S_k
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= offs_m[:, None])
+        s = gl.where(visible, s, float("-inf"))
+    # Every row sees key 0 in tile 0 (causal: key 0 <= row), so m_j is finite from tile 0 on and
+    # exp2(-inf - m_j) = 0 for masked keys; alpha_0 = exp2(-inf - m_0) = 0 multiplies zeros.
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)      # scale > 0 (supports): max commutes
+    p = gl.exp2(s * qk_scale - m_new[:, None])                 # one FMA and an exp2 per score
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+              v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+              STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr):
+    """The consumer warpgroups: products, softmax, epilogue. ``LOADS``: also issue the copies
+    (no producer warp), STAGES - 1 tiles ahead."""
+    dtype: gl.constexpr = q_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+
+    if LOADS:
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+        for j in range(0, gl.minimum(n_tiles, STAGES - 1)):
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j, BLOCK_N, STAGES)
+
+    q = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # Tile 0 alone: its scores and softmax (nothing to overlap with yet).
+    mbarrier.wait(q_bar, 0)
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_init,
+                      use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s, ))
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, 0, offs_m, S_k, free_end, qk_scale, CAUSAL, BLOCK_N, s_layout)
+    p = gl.convert_layout(p.to(dtype), p_layout)
+
+    for j in range(1, n_tiles):
+        if LOADS:   # tile j + STAGES - 2 goes into the slot tile j - 2 left (every warp is past it)
+            gl.thread_barrier()
+            if j + STAGES - 2 < n_tiles:
+                _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv,
+                         j + STAGES - 2, BLOCK_N, STAGES)
+        slot = j % STAGES
+        prev = (j - 1) % STAGES
+        mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        s = warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_init,
+                          use_acc=False, is_async=True)                                     # S_j = Q K_j^T
+        mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)  # += P V
+        s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))                              # S_j only
+        mbarrier.arrive(k_empty.index(slot), count=1)
+        p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, S_k, free_end, qk_scale,
+                                                CAUSAL, BLOCK_N, s_layout)                 # under P V
+        acc, p = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p))
+        mbarrier.arrive(v_empty.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+        p = gl.convert_layout(p_next.to(dtype), p_layout)
+
+    last = (n_tiles - 1) % STAGES
+    mbarrier.wait(v_ready.index(last), ((n_tiles - 1) // STAGES) & 1)
+    acc = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(v_empty.index(last), count=1)
+
+    # Epilogue: LSE = (m + log2 l) ln 2; O = acc / l through Q's slot and the copy engine.
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    gl.store(LSE + pid_bh.to(gl.int64) * S_q + offs_m, lse, mask=offs_m < S_q)
+    o = acc / gl.convert_layout(l_i, row_o)[:, None]
+    o_smem = q_smem.reshape([BLOCK_M, HEAD_DIM])
+    o_smem.store(o.to(dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], q_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S_k, qk_scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
+                      NUM_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    num_m = (S_q + BLOCK_M - 1) // BLOCK_M
+    pid_m = num_m - 1 - gl.program_id(0)     # longest (causal) blocks first
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP_SIZE                   # GQA: GROUP_SIZE query heads share a K/V head
+    start_m = pid_m * BLOCK_M
+    if CAUSAL:   # keys past the block's last row are never visited; the mask from the first row's key on
+        kv_end = gl.minimum(start_m + BLOCK_M, S_k)
+        free_end = gl.minimum(start_m + 1, S_k)
+    else:
+        kv_end = S_k
+        free_end = S_k
+    n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N
+
+    dtype: gl.constexpr = q_desc.dtype
+    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=1)
+        mbarrier.init(v_empty.index(i), count=1)
+
+    if WARP_SPECIALIZE:
+        gl.warp_specialize([
+            (_consumer, (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                         k_empty, v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, NUM_WARPS, False)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         b, h, h_kv, start_m, n_tiles, BLOCK_N, STAGES)),
+        ], [1], [PRODUCER_REGS])
+    else:
+        _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
+                  k_empty, v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+                  CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, NUM_WARPS, True)
+
+    mbarrier.invalidate(q_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+        mbarrier.invalidate(k_empty.index(i))
+        mbarrier.invalidate(v_empty.index(i))
+
+
+# --------------------------------------------------------------------------------------
+# host side: descriptors and the launch
+# --------------------------------------------------------------------------------------
+def gluon_dtype(dtype: torch.dtype):
+    return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+
+
+def block_shapes(head_dim: int) -> dict:
+    BLOCK_M, BLOCK_N, _ = TILES[head_dim]
+    return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
+
+
+def make_descriptor(t: torch.Tensor, block_shape: list):
+    """A 4-D descriptor over ``t`` ([B, H, S, D], any aligned strides): rows past S come as zeros,
+    stores past S are dropped."""
+    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gluon_dtype(t.dtype))
+    return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
+
+
+def launch(q, k, v, causal: bool, scale: float, *, warp_specialize: bool = True):
+    """O and LSE (natural log, fp32, [B, H, S_q]) as ``fast_attention_forward`` returns them.
+    Inputs checked by the caller (``flashattn.hopper.supports``)."""
+    from .. import runtime
+
+    B, H, S_q, D = q.shape
+    H_kv, S_k = k.shape[1], k.shape[2]
+    BLOCK_M, BLOCK_N, STAGES = TILES[D]
+    o = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
+    lse = runtime.new_output((B, H, S_q), torch.float32, q.device)
+    shapes = block_shapes(D)
+    q_desc, o_desc = make_descriptor(q, shapes["q"]), make_descriptor(o, shapes["q"])
+    k_desc, v_desc = make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"])
+    grid = (triton_cdiv(S_q, BLOCK_M), B * H)
+    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, H, H // H_kv, S_q, S_k, scale * LOG2E,
+                            CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
+                            WARP_SPECIALIZE=bool(warp_specialize), NUM_WARPS=NUM_WARPS,
+                            PRODUCER_REGS=PRODUCER_REGS, num_warps=NUM_WARPS)
+    return o, lse
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
