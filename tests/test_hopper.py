@@ -134,13 +134,15 @@ def test_a_dim_of_one_gets_a_dense_stride():
 
 def test_the_kernels_compile_for_sm90_without_a_gpu():
     """Under the Triton they were written for, the Gluon forward compiles for sm_90 (front end,
-    LLVM and ptxas; no driver) with no spills. Elsewhere there is nothing to compile."""
+    LLVM and ptxas; no driver) with no spills, and the launcher's arguments bind through the JIT
+    (``--launcher``: launch_args + warmup with a stand-in driver). Elsewhere there is nothing to compile."""
     if not gluon_api.ok():
         pytest.skip(f"Gluon API: {gluon_api.ERROR}")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "flashattn.hopper.offline", "--only", "bf16", "D128", "causal", "ws"],
+    out = subprocess.run([sys.executable, "-m", "flashattn.hopper.offline", "--launcher", "--only", "bf16", "D128", "causal", "ws"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "launcher: launch_args + warmup bound and compiled" in out.stdout, out.stdout
     rows = [line for line in out.stdout.splitlines() if line.startswith("bf16 D128 causal ws")]
     assert len(rows) == 1 and "FAILED" not in rows[0], out.stdout
     regs, spills = rows[0].split()[4:6]

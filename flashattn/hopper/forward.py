@@ -179,7 +179,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
     tma.store_wait(0)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])   # a new length compiles nothing
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S_k, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
@@ -255,9 +255,9 @@ def make_descriptor(t: torch.Tensor, block_shape: list):
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 
-def launch(q, k, v, causal: bool, scale: float, *, warp_specialize: bool = True):
-    """O and LSE (natural log, fp32, [B, H, S_q]) as ``fast_attention_forward`` returns them.
-    Inputs checked by the caller (``flashattn.hopper.supports``)."""
+def launch_args(q, k, v, causal: bool, scale: float, warp_specialize: bool = True):
+    """(grid, arguments, options, o, lse) of one launch; ``o`` and ``lse`` fresh (poisoned or
+    guarded where ``runtime`` says so)."""
     from .. import runtime
 
     B, H, S_q, D = q.shape
@@ -269,10 +269,18 @@ def launch(q, k, v, causal: bool, scale: float, *, warp_specialize: bool = True)
     q_desc, o_desc = make_descriptor(q, shapes["q"]), make_descriptor(o, shapes["q"])
     k_desc, v_desc = make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"])
     grid = (triton_cdiv(S_q, BLOCK_M), B * H)
-    hopper_fwd_kernel[grid](q_desc, k_desc, v_desc, o_desc, lse, H, H // H_kv, S_q, S_k, scale * LOG2E,
-                            CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
-                            WARP_SPECIALIZE=bool(warp_specialize), NUM_WARPS=NUM_WARPS,
-                            PRODUCER_REGS=PRODUCER_REGS, num_warps=NUM_WARPS)
+    args = (q_desc, k_desc, v_desc, o_desc, lse, H, H // H_kv, S_q, S_k, scale * LOG2E)
+    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
+                   WARP_SPECIALIZE=bool(warp_specialize), NUM_WARPS=NUM_WARPS, PRODUCER_REGS=PRODUCER_REGS,
+                   num_warps=NUM_WARPS)
+    return grid, args, options, o, lse
+
+
+def launch(q, k, v, causal: bool, scale: float, *, warp_specialize: bool = True):
+    """O and LSE (natural log, fp32, [B, H, S_q]) as ``fast_attention_forward`` returns them.
+    Inputs checked by the caller (``flashattn.hopper.supports``)."""
+    grid, args, options, o, lse = launch_args(q, k, v, causal, scale, warp_specialize)
+    hopper_fwd_kernel[grid](*args, **options)
     return o, lse
 
 

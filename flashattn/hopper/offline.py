@@ -43,6 +43,42 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, warp_specialize: bo
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": fwd.NUM_WARPS})
 
 
+class _TargetOnly:
+    """A stand-in for Triton's CUDA driver that knows only the target: enough for the JIT's
+    binder and compile (``warmup``), nothing that launches."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+def check_launcher(causal=True, warp_specialize=True, D=128, dtype="bf16"):
+    """The launcher's own path through the JIT, without a GPU: ``launch_args`` on CPU tensors (the
+    descriptors only read addresses, shapes, strides) and ``warmup``, which binds the arguments as a
+    launch would -- descriptors, constexprs, specialisation -- and compiles. Returns the kernel."""
+    import torch
+    from triton.runtime import driver
+
+    from . import forward as fwd
+
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    q = torch.randn(2, 4, 333, D, dtype=torch_dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    k, v = (torch.randn(2, 2, 517, D, dtype=torch_dtype) for _ in range(2))
+    grid, args, options, o, lse = fwd.launch_args(q, k, v, causal, D ** -0.5, warp_specialize)
+    before = driver._active          # (reading driver.active would make the real one: no GPU, no driver)
+    driver.set_active(_TargetOnly())
+    try:
+        return fwd.hopper_fwd_kernel.warmup(*args, grid=grid, **options)
+    finally:
+        driver._active = before
+
+
 def ptxas_report(ptx: str) -> dict:
     """ptxas -v of the PTX for sm_90a: registers, spill stores/loads, stack, serialised wgmma."""
     from triton.backends.nvidia.compiler import get_ptxas
@@ -68,7 +104,13 @@ def main(argv=None) -> None:
     parser.add_argument("--dump", help="folder to write each variant's TTGIR and PTX into")
     parser.add_argument("--only", nargs="*", default=[], help="variants whose name holds all these words "
                         "(fp16 D128 causal ws)")
+    parser.add_argument("--launcher", action="store_true", help="also bind and compile through the launcher "
+                        "(launch_args + warmup, a stand-in driver)")
     args = parser.parse_args(argv)
+    if args.launcher:
+        k = check_launcher()
+        print(f"launcher: launch_args + warmup bound and compiled {k.name} (bf16 D128 causal ws, [B, S, H, D] q): "
+              f"{k.metadata.num_warps} warps, {k.metadata.shared / 1024:.1f} KB shared")
     print(f"{'variant':34} {'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem KB':>7} {'setmaxnreg':>10} "
           f"{'wgmma':>5} serialized")
     for dtype, D, causal, ws in VARIANTS:
