@@ -10,6 +10,11 @@ from flashattn import hopper, runtime
 
 from conftest import TOL, per_head_error, rand, reference
 
+try:   # the variants' names (forward.py imports only where the Gluon API is the one it was written for)
+    from flashattn.hopper.forward import DEFAULT_VARIANT, VARIANTS
+except Exception:   # noqa: BLE001 -- every test skips then
+    DEFAULT_VARIANT, VARIANTS = "ws", ("ws", "ws2", "inline")
+
 _OK, _WHY = hopper.availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"the Gluon forward does not run here: {_WHY}")
 
@@ -21,10 +26,10 @@ HEADS = [(1, 2, 2), (2, 4, 2), (1, 8, 2)]
 LSE_TOL = 1e-4
 
 
-def _check(q, k, v, causal, warp_specialize=True, scale=None):
+def _check(q, k, v, causal, variant=None, scale=None):
     D = q.shape[-1]
     scale = D ** -0.5 if scale is None else scale
-    o, lse = hopper.attention_forward(q, k, v, causal, scale, warp_specialize=warp_specialize)
+    o, lse = hopper.attention_forward(q, k, v, causal, scale, variant=variant)
     ref = reference(q, k, v, causal=causal, scale=scale)
     assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == q.shape[:3] and lse.dtype == torch.float32
     assert torch.isfinite(o).all(), f"O: {int((~torch.isfinite(o)).sum())} NaN/inf (unwritten elements?)"
@@ -65,10 +70,12 @@ def test_query_and_key_lengths_differ(S_q, S_k, D, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D, dtype", [(64, torch.bfloat16), (128, torch.float16)], ids=["D64-bf16", "D128-fp16"])
 @pytest.mark.parametrize("S_q, S_k", [(1, 1), (129, 129), (1000, 2048), (4097, 300)], ids=str)
-def test_the_variant_without_a_producer_warp(S_q, S_k, D, dtype, causal):
-    """WARP_SPECIALIZE=False: the consumers issue the copies themselves (the comparison variant)."""
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != DEFAULT_VARIANT])
+def test_the_other_variants(variant, S_q, S_k, D, dtype, causal):
+    """forward.VARIANTS besides the default: "ws2" (two consumer partitions of one warpgroup each),
+    "inline" (no producer warp: the consumers issue the copies)."""
     _check(rand(1, 4, S_q, D, dtype=dtype), rand(1, 2, S_k, D, dtype=dtype), rand(1, 2, S_k, D, dtype=dtype), causal,
-           warp_specialize=False)
+           variant=variant)
 
 
 @pytest.mark.parametrize("layout", ["bshd", "padded_heads"])
@@ -90,13 +97,14 @@ def test_a_batch_of_one_with_odd_strides_in_its_size_one_dims():
     _check(q, k, torch.randn_like(k), causal=True)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_nothing_is_written_outside_the_outputs(causal):
+def test_nothing_is_written_outside_the_outputs(causal, variant):
     """Guard regions around O and LSE (runtime.guarded_outputs): the TMA store drops rows past S_q,
     the LSE store is masked."""
     q, k, v = (rand(1, 2, 129, 64, dtype=torch.float16) for _ in range(3))
     with runtime.guarded_outputs() as records:
-        hopper.attention_forward(q, k, v, causal, 0.125)
+        hopper.attention_forward(q, k, v, causal, 0.125, variant=variant)
         torch.cuda.synchronize()
     assert len(records) == 2 and not runtime.guard_violations(records), runtime.guard_violations(records)
 

@@ -98,14 +98,15 @@ def supports(q, k, v, causal=False, scale=None) -> tuple:
     return True, ""
 
 
-def attention_forward(q, k, v, causal: bool, scale: float, *, warp_specialize: bool = True):
+def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     """O and LSE by the Gluon kernel (``forward.py``); ValueError naming the reason where
-    ``supports`` refuses (callers take the ``tl`` fast path instead)."""
+    ``supports`` refuses (callers take the ``tl`` fast path instead). ``variant``: one of
+    ``forward.VARIANTS`` ("ws", "ws2", "inline"), by default ``forward.DEFAULT_VARIANT``."""
     ok, why = supports(q, k, v, causal, scale)
     if not ok:
         raise ValueError(f"flashattn.hopper cannot run this: {why}")
     from . import forward
-    return forward.launch(q, k, v, causal, scale, warp_specialize=warp_specialize)
+    return forward.launch(q, k, v, causal, scale, variant=variant or forward.DEFAULT_VARIANT)
 
 
 __all__ = ["attention_forward", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]

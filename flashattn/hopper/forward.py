@@ -23,9 +23,13 @@ What is different is who waits for whom:
   m_j = max(m_{j-1}, rowmax(S_j) * scale * log2 e), P_j = exp2(S_j * scale * log2 e - m_j),
   l_j = l_{j-1} alpha_j + rowsum(P_j).
 * **A producer warp** (``WARP_SPECIALIZE``): ``gl.warp_specialize`` gives the loads to one warp
-  running on 24 registers (``setmaxnreg``), so the two consumer warpgroups (8 warps: 64 query rows
-  each, as FA3's) get the rest and never stop to issue a copy. Without it (``WARP_SPECIALIZE=False``)
-  the consumers issue the loads themselves, ``STAGES - 1`` tiles ahead, after a barrier of the CTA.
+  running on 24 registers (``setmaxnreg``), so the two consumer warpgroups (64 query rows each, as
+  FA3's) get 240 and never stop to issue a copy. ``VARIANTS``: "ws", the two warpgroups as one
+  partition of 8 warps (they arrive on a slot's "empty" barrier together, after a barrier of the
+  partition: in step); "ws2", each warpgroup a partition of its own, its own Q rows and O store,
+  each arriving on "empty" (count 2): nothing keeps them in step, so one's softmax can run under the
+  other's products (FA3's ping-pong, without FA3's explicit ordering); "inline", no producer: the
+  consumers issue the loads themselves, ``STAGES - 1`` tiles ahead, after a barrier of the CTA.
 * Masks only where needed: a tile is masked (keys past S_k; causal: keys past the row) only when
   its last key is past ``free_end``; tiles above the causal diagonal are never loaded. Causal query
   blocks run longest first (program 0 takes the last block).
@@ -55,12 +59,21 @@ LN2 = 0.6931471805599453
 TILES = {64: (128, 128, 3), 128: (128, 128, 2)}
 NUM_WARPS = 8           # the consumer warpgroups (default partition)
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp: it only issues copies
+CONSUMER_REGS = 240     # setmaxnreg of the second consumer partition (CONSUMERS=2)
+
+#: variant -> (WARP_SPECIALIZE, CONSUMERS, num_warps of the kernel's default partition):
+#: "ws" one consumer partition of two warpgroups + the producer warp; "ws2" two consumer
+#: partitions of one warpgroup each (nothing keeps them in step: one's softmax can run under the
+#: other's products) + the producer warp; "inline" no producer, the consumers issue the copies.
+VARIANTS = {"ws": (True, 1, 8), "ws2": (True, 2, 4), "inline": (False, 1, 8)}
+DEFAULT_VARIANT = "ws"
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j,
-             BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j):
     """Tile j of K and V into slot j % STAGES, once the consumers have emptied it."""
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    STAGES: gl.constexpr = k_smem.shape[0]
     slot = j % STAGES
     parity = ((j // STAGES) & 1) ^ 1
     mbarrier.wait(k_empty.index(slot), parity)
@@ -72,13 +85,23 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
 
 
 @gluon.jit
+def _load_q(q_desc, q_smem, q_bar, b, h, start_m):
+    """The block's query rows, one box per consumer (``q_smem.index(c)``), on one barrier."""
+    CONSUMERS: gl.constexpr = q_smem.shape[0]
+    rows: gl.constexpr = q_desc.block_type.shape[2]
+    mbarrier.expect(q_bar, CONSUMERS * q_desc.block_type.nbytes)
+    for c in gl.static_range(CONSUMERS):
+        tma.async_copy_global_to_shared(q_desc, [b, h, start_m + c * rows, 0], q_bar, q_smem.index(c))
+
+
+@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              b, h, h_kv, start_m, n_tiles, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: Q once, then every K and V tile of this block as slots free up."""
-    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+              b, h, h_kv, start_m, n_tiles):
+    """The producer warp: Q once, then every K and V tile of this block as slots free up. (A worker
+    partition's arguments arrive as tensors, constexprs too: tile sizes are read off the types.)"""
+    _load_q(q_desc, q_smem, q_bar, b, h, start_m)
     for j in range(n_tiles):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j, BLOCK_N, STAGES)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j)
 
 
 @gluon.jit
@@ -104,11 +127,16 @@ def _softmax_step(s, m_i, l_i, start_n, offs_m, S_k, free_end, qk_scale,
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
               v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-              STAGES: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr):
-    """The consumer warpgroups: products, softmax, epilogue. ``LOADS``: also issue the copies
-    (no producer warp), STAGES - 1 tiles ahead."""
+              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, WG: gl.constexpr):
+    """A consumer: products, softmax, epilogue for ``ROWS`` query rows of the block, from row
+    ``WG * ROWS`` on (all of it with one consumer partition of 8 warps; a half each with two
+    partitions of one warpgroup, ``CONSUMERS=2``). ``LOADS``: also issue the copies (no producer
+    warp), STAGES - 1 tiles ahead."""
     dtype: gl.constexpr = q_desc.dtype
+    ROWS: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
+    HEAD_DIM: gl.constexpr = k_desc.block_type.shape[3]
+    STAGES: gl.constexpr = k_smem.shape[0]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -118,17 +146,17 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     if LOADS:
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], q_bar, q_smem)
+        _load_q(q_desc, q_smem, q_bar, b, h, start_m)
         for j in range(0, gl.minimum(n_tiles, STAGES - 1)):
-            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j, BLOCK_N, STAGES)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv, j)
 
-    q = q_smem.reshape([BLOCK_M, HEAD_DIM])
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    s_init = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    my_rows = q_smem.index(WG)            # [1, 1, ROWS, D]: this consumer's Q, later its O's staging
+    q = my_rows.reshape([ROWS, HEAD_DIM])
+    offs_m = start_m + WG * ROWS + gl.arange(0, ROWS, layout=row_s)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([ROWS], gl.float32, layout=row_s)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+    s_init = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
 
     # Tile 0 alone: its scores and softmax (nothing to overlap with yet).
     mbarrier.wait(q_bar, 0)
@@ -145,7 +173,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
             gl.thread_barrier()
             if j + STAGES - 2 < n_tiles:
                 _load_kv(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, b, h_kv,
-                         j + STAGES - 2, BLOCK_N, STAGES)
+                         j + STAGES - 2)
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
@@ -172,18 +200,62 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
     lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
     gl.store(LSE + pid_bh.to(gl.int64) * S_q + offs_m, lse, mask=offs_m < S_q)
     o = acc / gl.convert_layout(l_i, row_o)[:, None]
-    o_smem = q_smem.reshape([BLOCK_M, HEAD_DIM])
-    o_smem.store(o.to(dtype))
+    my_rows.reshape([ROWS, HEAD_DIM]).store(o.to(dtype))
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [b, h, start_m, 0], q_smem)
+    tma.async_copy_shared_to_global(o_desc, [b, h, start_m + WG * ROWS, 0], my_rows)
     tma.store_wait(0)
+
+
+# A partition's function gets the partition's arguments only, and a worker's arrive as tensors (constexprs
+# too), so each role is a function of its own with its switches written in: (CAUSAL, warps, LOADS, WG).
+@gluon.jit
+def _consumer8_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                      pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, True, 8, False, 0)
+
+
+@gluon.jit
+def _consumer8_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                    pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, False, 8, False, 0)
+
+
+@gluon.jit
+def _first_consumer_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                           pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, True, 4, False, 0)
+
+
+@gluon.jit
+def _first_consumer_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                         pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, False, 4, False, 0)
+
+
+@gluon.jit
+def _second_consumer_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                            pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, True, 4, False, 1)
+
+
+@gluon.jit
+def _second_consumer_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                          pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, False, 4, False, 1)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])   # a new length compiles nothing
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S_k, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-                      NUM_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                      CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr):
     num_m = (S_q + BLOCK_M - 1) // BLOCK_M
     pid_m = num_m - 1 - gl.program_id(0)     # longest (causal) blocks first
     pid_bh = gl.program_id(1)
@@ -200,7 +272,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
     n_tiles = (kv_end + BLOCK_N - 1) // BLOCK_N
 
     dtype: gl.constexpr = q_desc.dtype
-    q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -212,21 +284,29 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=1)
-        mbarrier.init(v_empty.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=CONSUMERS)     # one arrive per consumer partition
+        mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
-    if WARP_SPECIALIZE:
-        gl.warp_specialize([
-            (_consumer, (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                         k_empty, v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-                         CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, NUM_WARPS, False)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-                         b, h, h_kv, start_m, n_tiles, BLOCK_N, STAGES)),
-        ], [1], [PRODUCER_REGS])
+    common = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
+              v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale)
+    producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+                     b, h, h_kv, start_m, n_tiles)
+    if CONSUMERS == 2:   # two warpgroups, each its own partition (64 rows): nothing keeps them in step
+        if CAUSAL:
+            gl.warp_specialize([(_first_consumer_causal, common), (_second_consumer_causal, common),
+                                (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_first_consumer_full, common), (_second_consumer_full, common),
+                                (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif WARP_SPECIALIZE:
+        if CAUSAL:
+            gl.warp_specialize([(_consumer8_causal, common), (_producer, producer_args)], [1], [PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_consumer8_full, common), (_producer, producer_args)], [1], [PRODUCER_REGS])
     else:
         _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                   k_empty, v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-                  CAUSAL, BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, NUM_WARPS, True)
+                  CAUSAL, NUM_WARPS, True, 0)
 
     mbarrier.invalidate(q_bar)
     for i in gl.static_range(STAGES):
@@ -243,9 +323,11 @@ def gluon_dtype(dtype: torch.dtype):
     return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
 
 
-def block_shapes(head_dim: int) -> dict:
+def block_shapes(head_dim: int, consumers: int = 1) -> dict:
+    """Descriptor boxes: Q's and O's rows of one consumer, K's and V's tiles."""
     BLOCK_M, BLOCK_N, _ = TILES[head_dim]
-    return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
+    return {"q": [1, 1, BLOCK_M // consumers, head_dim], "kv": [1, 1, BLOCK_N, head_dim],
+            "o": [1, 1, BLOCK_M // consumers, head_dim]}
 
 
 def make_descriptor(t: torch.Tensor, block_shape: list):
@@ -255,7 +337,7 @@ def make_descriptor(t: torch.Tensor, block_shape: list):
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 
-def launch_args(q, k, v, causal: bool, scale: float, warp_specialize: bool = True):
+def launch_args(q, k, v, causal: bool, scale: float, variant: str = DEFAULT_VARIANT):
     """(grid, arguments, options, o, lse) of one launch; ``o`` and ``lse`` fresh (poisoned or
     guarded where ``runtime`` says so)."""
     from .. import runtime
@@ -265,21 +347,22 @@ def launch_args(q, k, v, causal: bool, scale: float, warp_specialize: bool = Tru
     BLOCK_M, BLOCK_N, STAGES = TILES[D]
     o = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
     lse = runtime.new_output((B, H, S_q), torch.float32, q.device)
-    shapes = block_shapes(D)
-    q_desc, o_desc = make_descriptor(q, shapes["q"]), make_descriptor(o, shapes["q"])
+    warp_specialize, consumers, num_warps = VARIANTS[variant]
+    shapes = block_shapes(D, consumers)
+    q_desc, o_desc = make_descriptor(q, shapes["q"]), make_descriptor(o, shapes["o"])
     k_desc, v_desc = make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"])
     grid = (triton_cdiv(S_q, BLOCK_M), B * H)
     args = (q_desc, k_desc, v_desc, o_desc, lse, H, H // H_kv, S_q, S_k, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
-                   WARP_SPECIALIZE=bool(warp_specialize), NUM_WARPS=NUM_WARPS, PRODUCER_REGS=PRODUCER_REGS,
-                   num_warps=NUM_WARPS)
+                   WARP_SPECIALIZE=warp_specialize, CONSUMERS=consumers, NUM_WARPS=num_warps,
+                   PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=num_warps)
     return grid, args, options, o, lse
 
 
-def launch(q, k, v, causal: bool, scale: float, *, warp_specialize: bool = True):
+def launch(q, k, v, causal: bool, scale: float, *, variant: str = DEFAULT_VARIANT):
     """O and LSE (natural log, fp32, [B, H, S_q]) as ``fast_attention_forward`` returns them.
     Inputs checked by the caller (``flashattn.hopper.supports``)."""
-    grid, args, options, o, lse = launch_args(q, k, v, causal, scale, warp_specialize)
+    grid, args, options, o, lse = launch_args(q, k, v, causal, scale, variant)
     hopper_fwd_kernel[grid](*args, **options)
     return o, lse
 

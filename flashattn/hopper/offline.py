@@ -1,8 +1,8 @@
 """Compile the Hopper kernels for sm_90 without a GPU, and read what ptxas made of them.
 
 ``python -m flashattn.hopper.offline`` (under triton 3.6, the release the kernels were written
-for) compiles every variant -- fp16/bf16, D = 64/128, causal or not, with and without the producer
-warp -- through Gluon's own ``GluonASTSource`` and ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``,
+for) compiles every variant -- fp16/bf16, D = 64/128, causal or not, ``forward.VARIANTS`` (ws, ws2,
+inline) -- through Gluon's own ``GluonASTSource`` and ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``,
 then prints per variant: registers per thread, spills (ptxas -v on the PTX), shared memory, and
 whether ptxas serialised any wgmma (its "Potential Performance Loss" warning). No driver is needed:
 compilation is the front end, LLVM and ptxas.
@@ -16,10 +16,10 @@ import re
 import subprocess
 import tempfile
 
-VARIANTS = list(itertools.product(("fp16", "bf16"), (64, 128), (False, True), (True, False)))
+VARIANTS = list(itertools.product(("fp16", "bf16"), (64, 128), (False, True), ("ws", "ws2", "inline")))
 
 
-def compile_variant(dtype: str, head_dim: int, causal: bool, warp_specialize: bool):
+def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -27,7 +27,8 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, warp_specialize: bo
     from . import forward as fwd
 
     gdt = {"fp16": fwd.gl.float16, "bf16": fwd.gl.bfloat16}[dtype]
-    shapes = fwd.block_shapes(head_dim)
+    warp_specialize, consumers, num_warps = fwd.VARIANTS[variant]
+    shapes = fwd.block_shapes(head_dim, consumers)
     BLOCK_M, BLOCK_N, STAGES = fwd.TILES[head_dim]
 
     def desc(block):
@@ -35,12 +36,13 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, warp_specialize: bo
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
     constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
-                     WARP_SPECIALIZE=warp_specialize, NUM_WARPS=fwd.NUM_WARPS, PRODUCER_REGS=fwd.PRODUCER_REGS)
+                     WARP_SPECIALIZE=warp_specialize, CONSUMERS=consumers, NUM_WARPS=num_warps,
+                     PRODUCER_REGS=fwd.PRODUCER_REGS, CONSUMER_REGS=fwd.CONSUMER_REGS)
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
-                     o_desc=desc(shapes["q"]), LSE="*fp32", H="i32", GROUP_SIZE="i32", S_q="i32", S_k="i32",
+                     o_desc=desc(shapes["o"]), LSE="*fp32", H="i32", GROUP_SIZE="i32", S_q="i32", S_k="i32",
                      qk_scale="fp32", **{name: "constexpr" for name in constants})
     src = GluonASTSource(fwd.hopper_fwd_kernel, signature, constexprs=constants)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": fwd.NUM_WARPS})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
 class _TargetOnly:
@@ -58,7 +60,7 @@ class _TargetOnly:
         return 0
 
 
-def check_launcher(causal=True, warp_specialize=True, D=128, dtype="bf16"):
+def check_launcher(causal=True, variant="ws", D=128, dtype="bf16"):
     """The launcher's own path through the JIT, without a GPU: ``launch_args`` on CPU tensors (the
     descriptors only read addresses, shapes, strides) and ``warmup``, which binds the arguments as a
     launch would -- descriptors, constexprs, specialisation -- and compiles. Returns the kernel."""
@@ -70,7 +72,7 @@ def check_launcher(causal=True, warp_specialize=True, D=128, dtype="bf16"):
     torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     q = torch.randn(2, 4, 333, D, dtype=torch_dtype).transpose(1, 2).contiguous().transpose(1, 2)
     k, v = (torch.randn(2, 2, 517, D, dtype=torch_dtype) for _ in range(2))
-    grid, args, options, o, lse = fwd.launch_args(q, k, v, causal, D ** -0.5, warp_specialize)
+    grid, args, options, o, lse = fwd.launch_args(q, k, v, causal, D ** -0.5, variant)
     before = driver._active          # (reading driver.active would make the real one: no GPU, no driver)
     driver.set_active(_TargetOnly())
     try:
@@ -113,12 +115,12 @@ def main(argv=None) -> None:
               f"{k.metadata.num_warps} warps, {k.metadata.shared / 1024:.1f} KB shared")
     print(f"{'variant':34} {'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem KB':>7} {'setmaxnreg':>10} "
           f"{'wgmma':>5} serialized")
-    for dtype, D, causal, ws in VARIANTS:
-        name = f"{dtype} D{D} {'causal' if causal else 'full'} {'ws' if ws else 'inline-loads'}"
+    for dtype, D, causal, variant in VARIANTS:
+        name = f"{dtype} D{D} {'causal' if causal else 'full'} {variant}"
         if not all(word in name.split() for word in args.only):
             continue
         try:
-            k = compile_variant(dtype, D, causal, ws)
+            k = compile_variant(dtype, D, causal, variant)
         except Exception as exc:   # noqa: BLE001 -- report every variant
             print(f"{name:34} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
