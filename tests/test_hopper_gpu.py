@@ -13,7 +13,7 @@ from conftest import TOL, per_head_error, rand, reference
 try:   # the variants' names (forward.py imports only where the Gluon API is the one it was written for)
     from flashattn.hopper.forward import DEFAULT_VARIANT, VARIANTS
 except Exception:   # noqa: BLE001 -- every test skips then
-    DEFAULT_VARIANT, VARIANTS = "ws", ("ws", "ws2", "inline")
+    DEFAULT_VARIANT, VARIANTS = "ws", ("ws", "ws2", "pingpong", "inline")
 
 _OK, _WHY = hopper.availability()
 pytestmark = pytest.mark.skipif(not _OK, reason=f"the Gluon forward does not run here: {_WHY}")
@@ -73,7 +73,8 @@ def test_query_and_key_lengths_differ(S_q, S_k, D, causal, dtype):
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != DEFAULT_VARIANT])
 def test_the_other_variants(variant, S_q, S_k, D, dtype, causal):
     """forward.VARIANTS besides the default: "ws2" (two consumer partitions of one warpgroup each),
-    "inline" (no producer warp: the consumers issue the copies)."""
+    "pingpong" (the same, issuing their products in turn), "inline" (no producer warp: the consumers
+    issue the copies)."""
     _check(rand(1, 4, S_q, D, dtype=dtype), rand(1, 2, S_k, D, dtype=dtype), rand(1, 2, S_k, D, dtype=dtype), causal,
            variant=variant)
 

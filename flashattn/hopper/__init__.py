@@ -101,7 +101,7 @@ def supports(q, k, v, causal=False, scale=None) -> tuple:
 def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     """O and LSE by the Gluon kernel (``forward.py``); ValueError naming the reason where
     ``supports`` refuses (callers take the ``tl`` fast path instead). ``variant``: one of
-    ``forward.VARIANTS`` ("ws", "ws2", "inline"), by default ``forward.DEFAULT_VARIANT``."""
+    ``forward.VARIANTS`` ("ws", "ws2", "pingpong", "inline"), by default ``forward.DEFAULT_VARIANT``."""
     ok, why = supports(q, k, v, causal, scale)
     if not ok:
         raise ValueError(f"flashattn.hopper cannot run this: {why}")

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 GRID = [(S, D, causal) for S in (1024, 4096, 16384) for D in (64, 128) for causal in (False, True)]
-VARIANTS = ("ws", "ws2", "inline")
+VARIANTS = ("ws", "ws2", "pingpong", "inline")
 PROVIDERS = tuple(f"gluon-{v}" for v in VARIANTS) + ("tl-fast", "sdpa-cudnn", "sdpa-flash")
 
 

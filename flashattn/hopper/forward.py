@@ -28,7 +28,8 @@ What is different is who waits for whom:
   partition of 8 warps (they arrive on a slot's "empty" barrier together, after a barrier of the
   partition: in step); "ws2", each warpgroup a partition of its own, its own Q rows and O store,
   each arriving on "empty" (count 2): nothing keeps them in step, so one's softmax can run under the
-  other's products (FA3's ping-pong, without FA3's explicit ordering); "inline", no producer: the
+  other's products; "pingpong", as ws2 with FA3's explicit ordering (each step's products are issued
+  by one warpgroup, then the other, through a pair of "turn" mbarriers); "inline", no producer: the
   consumers issue the loads themselves, ``STAGES - 1`` tiles ahead, after a barrier of the CTA.
 * Masks only where needed: a tile is masked (keys past S_k; causal: keys past the row) only when
   its last key is past ``free_end``; tiles above the causal diagonal are never loaded. Causal query
@@ -61,11 +62,13 @@ NUM_WARPS = 8           # the consumer warpgroups (default partition)
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp: it only issues copies
 CONSUMER_REGS = 240     # setmaxnreg of the second consumer partition (CONSUMERS=2)
 
-#: variant -> (WARP_SPECIALIZE, CONSUMERS, num_warps of the kernel's default partition):
+#: variant -> (WARP_SPECIALIZE, CONSUMERS, PINGPONG, num_warps of the kernel's default partition):
 #: "ws" one consumer partition of two warpgroups + the producer warp; "ws2" two consumer
 #: partitions of one warpgroup each (nothing keeps them in step: one's softmax can run under the
-#: other's products) + the producer warp; "inline" no producer, the consumers issue the copies.
-VARIANTS = {"ws": (True, 1, 8), "ws2": (True, 2, 4), "inline": (False, 1, 8)}
+#: other's products) + the producer warp; "pingpong" as ws2, the two issuing their products in
+#: turn (FA3's ping-pong); "inline" no producer, the consumers issue the copies.
+VARIANTS = {"ws": (True, 1, False, 8), "ws2": (True, 2, False, 4), "pingpong": (True, 2, True, 4),
+            "inline": (False, 1, False, 8)}
 DEFAULT_VARIANT = "ws"
 
 
@@ -126,12 +129,15 @@ def _softmax_step(s, m_i, l_i, start_n, offs_m, S_k, free_end, qk_scale,
 
 @gluon.jit
 def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-              v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, WG: gl.constexpr):
+              v_empty, turn, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, WG: gl.constexpr,
+              PINGPONG: gl.constexpr):
     """A consumer: products, softmax, epilogue for ``ROWS`` query rows of the block, from row
     ``WG * ROWS`` on (all of it with one consumer partition of 8 warps; a half each with two
     partitions of one warpgroup, ``CONSUMERS=2``). ``LOADS``: also issue the copies (no producer
-    warp), STAGES - 1 tiles ahead."""
+    warp), STAGES - 1 tiles ahead. ``PINGPONG`` (two consumers): each step's two products are issued
+    in turn, first one warpgroup's, then the other's (``turn``: a barrier per warpgroup, arrived on
+    by the other once it has issued its own), so that one's softmax runs under the other's products."""
     dtype: gl.constexpr = q_desc.dtype
     ROWS: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -177,10 +183,14 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
         slot = j % STAGES
         prev = (j - 1) % STAGES
         mbarrier.wait(k_ready.index(slot), (j // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turn.index(WG), (j - 1) & 1)
         s = warpgroup_mma(q, k_smem.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_init,
                           use_acc=False, is_async=True)                                     # S_j = Q K_j^T
         mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
         acc = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)  # += P V
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - WG), count=1)
         s = warpgroup_mma_wait(num_outstanding=1, deps=(s, ))                              # S_j only
         mbarrier.arrive(k_empty.index(slot), count=1)
         p_next, m_i, l_i, alpha = _softmax_step(s, m_i, l_i, j * BLOCK_N, offs_m, S_k, free_end, qk_scale,
@@ -207,55 +217,114 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
 
 
 # A partition's function gets the partition's arguments only, and a worker's arrive as tensors (constexprs
-# too), so each role is a function of its own with its switches written in: (CAUSAL, warps, LOADS, WG).
+# too), so each role is a function of its own with its switches written in:
+# (CAUSAL, NUM_WARPS, LOADS, WG, PINGPONG).
 @gluon.jit
-def _consumer8_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _consumer8_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                      q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                       pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, True, 8, False, 0)
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              True, 8, False, 0, False)
 
 
 @gluon.jit
-def _consumer8_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _consumer8_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                    q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                     pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, False, 8, False, 0)
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              False, 8, False, 0, False)
 
 
 @gluon.jit
-def _first_consumer_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _first_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                  q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                  pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              True, 4, False, 0, False)
+
+
+@gluon.jit
+def _first_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              False, 4, False, 0, False)
+
+
+@gluon.jit
+def _second_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                   q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                   pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              True, 4, False, 1, False)
+
+
+@gluon.jit
+def _second_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                 q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+                 pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              False, 4, False, 1, False)
+
+
+@gluon.jit
+def _first_pingpong_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                           q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                            pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, True, 4, False, 0)
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              True, 4, False, 0, True)
 
 
 @gluon.jit
-def _first_consumer_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _first_pingpong_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                         q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                          pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, False, 4, False, 0)
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              False, 4, False, 0, True)
 
 
 @gluon.jit
-def _second_consumer_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _second_pingpong_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                            q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                             pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, True, 4, False, 1)
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              True, 4, False, 1, True)
 
 
 @gluon.jit
-def _second_consumer_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
+def _second_pingpong_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+                          q_bar, k_ready, v_ready, k_empty, v_empty, turn,
                           pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale, False, 4, False, 1)
+    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
+              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
+              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+              False, 4, False, 1, True)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])   # a new length compiles nothing
 def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S_k, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, WARP_SPECIALIZE: gl.constexpr,
-                      CONSUMERS: gl.constexpr, NUM_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr):
+                      CONSUMERS: gl.constexpr, PINGPONG: gl.constexpr, NUM_WARPS: gl.constexpr,
+                      PRODUCER_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr):
     num_m = (S_q + BLOCK_M - 1) // BLOCK_M
     pid_m = num_m - 1 - gl.program_id(0)     # longest (causal) blocks first
     pid_bh = gl.program_id(1)
@@ -280,7 +349,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
+    mbarrier.init(turn.index(0), count=1)
+    mbarrier.init(turn.index(1), count=1)
+    if PINGPONG:   # the first warpgroup's first turn
+        mbarrier.arrive(turn.index(0), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -288,15 +362,22 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
         mbarrier.init(v_empty.index(i), count=CONSUMERS)
 
     common = (q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty,
-              v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale)
+              v_empty, turn, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale)
     producer_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_empty, v_empty,
                      b, h, h_kv, start_m, n_tiles)
-    if CONSUMERS == 2:   # two warpgroups, each its own partition (64 rows): nothing keeps them in step
+    if PINGPONG:         # two warpgroups, each its own partition (64 rows), issuing their products in turn
         if CAUSAL:
-            gl.warp_specialize([(_first_consumer_causal, common), (_second_consumer_causal, common),
+            gl.warp_specialize([(_first_pingpong_causal, common), (_second_pingpong_causal, common),
                                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_first_consumer_full, common), (_second_consumer_full, common),
+            gl.warp_specialize([(_first_pingpong_full, common), (_second_pingpong_full, common),
+                                (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 2:   # two warpgroups, each its own partition (64 rows): nothing keeps them in step
+        if CAUSAL:
+            gl.warp_specialize([(_first_causal, common), (_second_causal, common),
+                                (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_first_full, common), (_second_full, common),
                                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     elif WARP_SPECIALIZE:
         if CAUSAL:
@@ -305,10 +386,12 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
             gl.warp_specialize([(_consumer8_full, common), (_producer, producer_args)], [1], [PRODUCER_REGS])
     else:
         _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
-                  k_empty, v_empty, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-                  CAUSAL, NUM_WARPS, True, 0)
+                  k_empty, v_empty, turn, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
+                  CAUSAL, NUM_WARPS, True, 0, False)
 
     mbarrier.invalidate(q_bar)
+    mbarrier.invalidate(turn.index(0))
+    mbarrier.invalidate(turn.index(1))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_ready.index(i))
         mbarrier.invalidate(v_ready.index(i))
@@ -347,14 +430,14 @@ def launch_args(q, k, v, causal: bool, scale: float, variant: str = DEFAULT_VARI
     BLOCK_M, BLOCK_N, STAGES = TILES[D]
     o = runtime.new_output((B, H, S_q, D), q.dtype, q.device)
     lse = runtime.new_output((B, H, S_q), torch.float32, q.device)
-    warp_specialize, consumers, num_warps = VARIANTS[variant]
+    warp_specialize, consumers, pingpong, num_warps = VARIANTS[variant]
     shapes = block_shapes(D, consumers)
     q_desc, o_desc = make_descriptor(q, shapes["q"]), make_descriptor(o, shapes["o"])
     k_desc, v_desc = make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"])
     grid = (triton_cdiv(S_q, BLOCK_M), B * H)
     args = (q_desc, k_desc, v_desc, o_desc, lse, H, H // H_kv, S_q, S_k, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
-                   WARP_SPECIALIZE=warp_specialize, CONSUMERS=consumers, NUM_WARPS=num_warps,
+                   WARP_SPECIALIZE=warp_specialize, CONSUMERS=consumers, PINGPONG=pingpong, NUM_WARPS=num_warps,
                    PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, num_warps=num_warps)
     return grid, args, options, o, lse
 

@@ -2,7 +2,7 @@
 
 ``python -m flashattn.hopper.offline`` (under triton 3.6, the release the kernels were written
 for) compiles every variant -- fp16/bf16, D = 64/128, causal or not, ``forward.VARIANTS`` (ws, ws2,
-inline) -- through Gluon's own ``GluonASTSource`` and ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``,
+pingpong, inline) -- through Gluon's own ``GluonASTSource`` and ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``,
 then prints per variant: registers per thread, spills (ptxas -v on the PTX), shared memory, and
 whether ptxas serialised any wgmma (its "Potential Performance Loss" warning). No driver is needed:
 compilation is the front end, LLVM and ptxas.
@@ -16,7 +16,7 @@ import re
 import subprocess
 import tempfile
 
-VARIANTS = list(itertools.product(("fp16", "bf16"), (64, 128), (False, True), ("ws", "ws2", "inline")))
+VARIANTS = list(itertools.product(("fp16", "bf16"), (64, 128), (False, True), ("ws", "ws2", "pingpong", "inline")))
 
 
 def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
@@ -27,7 +27,7 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
     from . import forward as fwd
 
     gdt = {"fp16": fwd.gl.float16, "bf16": fwd.gl.bfloat16}[dtype]
-    warp_specialize, consumers, num_warps = fwd.VARIANTS[variant]
+    warp_specialize, consumers, pingpong, num_warps = fwd.VARIANTS[variant]
     shapes = fwd.block_shapes(head_dim, consumers)
     BLOCK_M, BLOCK_N, STAGES = fwd.TILES[head_dim]
 
@@ -36,7 +36,7 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
     constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
-                     WARP_SPECIALIZE=warp_specialize, CONSUMERS=consumers, NUM_WARPS=num_warps,
+                     WARP_SPECIALIZE=warp_specialize, CONSUMERS=consumers, PINGPONG=pingpong, NUM_WARPS=num_warps,
                      PRODUCER_REGS=fwd.PRODUCER_REGS, CONSUMER_REGS=fwd.CONSUMER_REGS)
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
                      o_desc=desc(shapes["o"]), LSE="*fp32", H="i32", GROUP_SIZE="i32", S_q="i32", S_k="i32",
