@@ -35,12 +35,11 @@ What is different is who waits for whom:
   its last key is past ``free_end``; tiles above the causal diagonal are never loaded. Causal query
   blocks run longest first (program 0 takes the last block).
 
-The host side (``attention_forward``) builds the descriptors and launches; ``supports`` says when
-the copy engine's rules hold (unit last stride, 16-byte aligned strides and base).
+The host side here (``launch_args``, ``launch``) builds the descriptors and launches;
+``flashattn.hopper.supports`` says when the copy engine's rules hold (unit last stride, 16-byte
+aligned strides and base) and ``flashattn.hopper.attention_forward`` is the entry point.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -53,7 +52,6 @@ warpgroup_mma, warpgroup_mma_wait = gluon_api.warpgroup_mma, gluon_api.warpgroup
 fence_async_shared = gluon_api.fence_async_shared
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 #: (head dim) -> (BLOCK_M, BLOCK_N, STAGES): 128 query rows (two warpgroups of 64) by 128 keys;
 #: shared memory at D = 128: Q 32 KB + 2 x (K 32 KB + V 32 KB) = 160 KB; D = 64: 16 + 3 x 32 = 112 KB.
@@ -207,7 +205,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
     mbarrier.arrive(v_empty.index(last), count=1)
 
     # Epilogue: LSE = (m + log2 l) ln 2; O = acc / l through Q's slot and the copy engine.
-    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    lse = (m_i + gl.log2(l_i)) * 0.6931471805599453          # ln 2 (a literal: kernels see no globals)
     gl.store(LSE + pid_bh.to(gl.int64) * S_q + offs_m, lse, mask=offs_m < S_q)
     o = acc / gl.convert_layout(l_i, row_o)[:, None]
     my_rows.reshape([ROWS, HEAD_DIM]).store(o.to(dtype))
