@@ -17,6 +17,7 @@ first ``import flashattn``). The code reads ``settings.current`` (never the envi
 | ``FLASHATTN_PLANS=0`` | on | no launch plans: every fp16/bf16 call redoes its host work (``fast/plans.py``) |
 | ``FLASHATTN_MAX_SHARED_MEMORY`` | the GPU's | cap the shared memory tiles may use (bytes; ``64K`` works): a T4's limit on a big GPU |
 | ``FLASHATTN_POISON=1`` | off | every output starts as NaN (an element never written shows) |
+| ``FLASHATTN_GLUON=0`` | on | no Gluon kernels (``flashattn/hopper/``): the ``tl`` fast path on Hopper too |
 
 (``TRITON_INTERPRET=1`` is Triton's own: the kernels run in its interpreter; without a GPU
 flashattn sets it.)
@@ -77,6 +78,7 @@ class Settings:
     plans: bool = True
     max_shared_memory: Optional[int] = None   # None: the GPU's own limit
     poison: bool = False
+    gluon: bool = True                        # flashattn.hopper's Gluon kernels where they run
 
 
 #: field -> (environment variable, parser of its raw text)
@@ -93,6 +95,7 @@ VARIABLES = {
     "max_shared_memory": ("FLASHATTN_MAX_SHARED_MEMORY",
                           lambda raw: parse_bytes("FLASHATTN_MAX_SHARED_MEMORY", raw)),
     "poison": ("FLASHATTN_POISON", lambda raw: raw.strip() == "1"),
+    "gluon": ("FLASHATTN_GLUON", _off_if_zero),
 }
 
 

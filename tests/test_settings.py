@@ -15,11 +15,12 @@ def test_defaults_and_each_variable():
                          "FLASHATTN_SPLIT_DKDV": "0", "FLASHATTN_FP32_PIECES": "0",
                          "FLASHATTN_FP32_PRECISION": " TF32X3 ", "FLASHATTN_AUTOTUNE": "yes",
                          "FLASHATTN_DIRECT_LAUNCH": "0", "FLASHATTN_PLANS": "0", "FLASHATTN_MAX_SHARED_MEMORY": "64K",
-                         "FLASHATTN_POISON": "1"})
+                         "FLASHATTN_POISON": "1", "FLASHATTN_GLUON": "0"})
     assert got == settings.Settings(tma=False, tma_stats=False, split_d=False, split_dkdv=False,
                                     fp32_pieces=False, fp32_precision="tf32x3", autotune=True,
-                                    direct_launch=False, plans=False, max_shared_memory=65536, poison=True)
-    assert settings.read({"FLASHATTN_TMA": "1", "FLASHATTN_AUTOTUNE": "0"}) == settings.Settings()
+                                    direct_launch=False, plans=False, max_shared_memory=65536, poison=True,
+                                    gluon=False)
+    assert settings.read({"FLASHATTN_TMA": "1", "FLASHATTN_AUTOTUNE": "0", "FLASHATTN_GLUON": "1"}) == settings.Settings()
 
 
 @pytest.mark.parametrize("name, raw, message", [("FLASHATTN_MAX_SHARED_MEMORY", "lots", "number of bytes"),

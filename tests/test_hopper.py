@@ -1,0 +1,149 @@
+"""flashattn.hopper's host logic, on any machine: when the Gluon forward may run and why not
+(availability, the setting, supports()' reasons, the copy engine's stride rules). The kernel
+itself runs in tests/test_hopper_gpu.py, on a Hopper GPU only."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+
+from flashattn import hopper, settings
+from flashattn.hopper import gluon_api, host
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _qkv(B=2, H=4, H_kv=2, S_q=65, S_k=127, D=64, dtype=torch.float16):
+    return (torch.randn(B, H, S_q, D, dtype=dtype), torch.randn(B, H_kv, S_k, D, dtype=dtype),
+            torch.randn(B, H_kv, S_k, D, dtype=dtype))
+
+
+@pytest.fixture
+def pretend_hopper(monkeypatch):
+    """supports()' own rules, past the availability check a CPU fails first."""
+    monkeypatch.setattr(hopper, "availability", lambda device=None: (True, ""))
+
+
+def test_the_module_imports_and_says_why_it_is_off_here():
+    ok, why = hopper.availability()
+    if not torch.cuda.is_available():
+        assert not ok and why and not hopper.available()
+    ok, why = hopper.supports(*_qkv(), causal=True, scale=0.125)
+    if not torch.cuda.is_available():
+        assert not ok and why
+
+
+def test_the_gluon_api_check_follows_the_triton_release():
+    assert gluon_api._version("3.6.0") == (3, 6) and gluon_api._version("3.10.0+git1a2b") == (3, 10)
+    written_for = gluon_api._version(triton.__version__) in gluon_api.WRITTEN_FOR
+    assert gluon_api.ok() == (written_for and gluon_api.ERROR is None)
+    if not written_for:
+        assert not gluon_api.ok() and gluon_api.ERROR       # a missing name, or the release named
+
+
+def test_the_setting_turns_it_off(setenv):
+    setenv("FLASHATTN_GLUON", "0")
+    assert not settings.current.gluon
+    assert hopper.availability() == (False, "FLASHATTN_GLUON=0")
+    setenv("FLASHATTN_GLUON")
+    assert settings.current.gluon
+
+
+def test_without_the_gluon_api_it_is_off(monkeypatch):
+    monkeypatch.setattr(gluon_api, "ERROR", "triton 9.9: the Gluon kernels were written for triton 3.6")
+    ok, why = hopper.availability()
+    assert not ok and "Gluon API" in why and "3.6" in why
+
+
+def test_attention_forward_refuses_with_the_reason():
+    if hopper.available():
+        pytest.skip("this machine runs the Gluon forward")
+    with pytest.raises(ValueError, match="flashattn.hopper cannot run this"):
+        hopper.attention_forward(*_qkv(), causal=False, scale=0.125)
+
+
+def test_supports_plain_inputs(pretend_hopper):
+    for D in (64, 128):
+        for dtype in (torch.float16, torch.bfloat16):
+            assert hopper.supports(*_qkv(D=D, dtype=dtype), causal=True, scale=D ** -0.5) == (True, "")
+    assert hopper.supports(*_qkv(H=8, H_kv=1, S_q=1, S_k=1)) == (True, "")       # GQA 8:1, one row
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: _qkv(dtype=torch.float32), "fp16 or bf16"),
+    (lambda: (_qkv()[0], *_qkv(dtype=torch.bfloat16)[1:]), "all alike"),
+    (lambda: _qkv(D=96), "head dim 96"),
+    (lambda: _qkv(D=256), "head dim 256"),
+    (lambda: _qkv(H=6, H_kv=4), "not a multiple"),
+    (lambda: (_qkv()[0], _qkv()[1], _qkv(S_k=5)[2]), "must be [B, H_kv, S_k, D]"),
+    (lambda: (_qkv()[0][0], *_qkv()[1:]), "[B, H, S, D]"),
+    (lambda: _qkv(S_q=0), "empty"),
+])
+def test_supports_refuses_with_a_reason(pretend_hopper, make, reason):
+    ok, why = hopper.supports(*make(), causal=False)
+    assert not ok and reason in why, why
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf")])
+def test_supports_wants_a_positive_scale(pretend_hopper, scale):
+    ok, why = hopper.supports(*_qkv(), causal=False, scale=scale)
+    assert not ok and "positive scale" in why
+
+
+def test_the_grid_limit_on_batch_times_heads(pretend_hopper):
+    q = torch.empty(1, 70000, 1, 64, dtype=torch.float16)
+    k = torch.empty(1, 1, 1, 64, dtype=torch.float16)
+    ok, why = hopper.supports(q, k, k.clone())
+    assert not ok and "B * H = 70000" in why
+
+
+# --- the copy engine's rules -------------------------------------------------------------
+def test_layouts_the_copy_engine_takes(pretend_hopper):
+    q, k, v = _qkv(D=128)
+    bshd = torch.randn(2, 65, 4, 128, dtype=torch.float16).transpose(1, 2)            # [B, S, H, D] storage
+    heads = torch.randn(2, 7, 65, 128, dtype=torch.float16)[:, 1:5]                  # a slice of heads
+    assert host.layout_problem(bshd, "q") == "" and host.layout_problem(heads, "q") == ""
+    assert hopper.supports(bshd, k, v) == (True, "") and hopper.supports(heads, k, v) == (True, "")
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: torch.randn(2, 4, 65, 128, dtype=torch.float16)[..., ::2], "last stride is 2"),
+    (lambda: torch.randn(2, 4, 65, 68, dtype=torch.float16)[..., :64], "stride 68 in dim 2 is not a multiple of 16 bytes"),
+    (lambda: torch.randn(2, 1, 65, 64, dtype=torch.float16).expand(2, 4, 65, 64), "stride 0 in dim 1"),
+    (lambda: torch.randn(2 * 4 * 65 * 64 + 1, dtype=torch.float16)[1:].view(2, 4, 65, 64), "not 16-byte aligned"),
+])
+def test_layouts_the_copy_engine_refuses(pretend_hopper, make, reason):
+    t = make()
+    assert reason in host.layout_problem(t, "q")
+    ok, why = hopper.supports(t, *_qkv(H_kv=4)[1:])
+    assert not ok and reason in why
+
+
+def test_a_dim_of_one_gets_a_dense_stride():
+    """torch reports any stride for a dim of size 1 (here 1, unaligned); the copy engine never steps
+    over it, so the launcher gives it the dense value, and supports() does not refuse it."""
+    t = torch.randn(1, 1, 65, 64, dtype=torch.float16).as_strided((1, 1, 65, 64), (1, 1, 64, 1))
+    assert host.layout_problem(t, "q") == ""
+    assert host.descriptor_strides(t) == [65 * 64, 65 * 64, 64, 1]
+    bshd = torch.randn(3, 65, 4, 64, dtype=torch.float16).transpose(1, 2)
+    assert host.descriptor_strides(bshd) == list(bshd.stride())                       # nothing to change
+
+
+def test_the_kernels_compile_for_sm90_without_a_gpu():
+    """Under the Triton they were written for, the Gluon forward compiles for sm_90 (front end,
+    LLVM and ptxas; no driver) with no spills, and the launcher's arguments bind through the JIT
+    (``--launcher``: launch_args + warmup with a stand-in driver). Elsewhere there is nothing to compile."""
+    if not gluon_api.ok():
+        pytest.skip(f"Gluon API: {gluon_api.ERROR}")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-m", "flashattn.hopper.offline", "--launcher", "--only", "bf16", "D128", "causal", "ws"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "launcher: launch_args + warmup bound and compiled" in out.stdout, out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.startswith("bf16 D128 causal ws")]
+    assert len(rows) == 1 and "FAILED" not in rows[0], out.stdout
+    regs, spills = rows[0].split()[4:6]
+    assert spills == "0/0", rows[0]
