@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flashattn import hopper, runtime
+from flashattn import hopper, runtime, settings
 
 from conftest import TOL, per_head_error, rand, reference
 
@@ -124,6 +124,47 @@ def test_lse_matches_the_fast_forward():
     q, k, v = (rand(2, 4, 1000, 128, dtype=torch.bfloat16) for _ in range(3))
     for causal in (False, True):
         o, lse = hopper.attention_forward(q, k, v, causal, 128 ** -0.5)
-        o_tl, lse_tl = fast_attention_forward(q, k, v, causal, 128 ** -0.5)
+        with settings.override(gluon=False):
+            o_tl, lse_tl = fast_attention_forward(q, k, v, causal, 128 ** -0.5)
         assert (lse - lse_tl).abs().max() < 1e-3
         assert (o.float() - o_tl.float()).abs().max() < 2e-2
+
+
+def test_the_fast_path_runs_it_where_it_measured_faster(monkeypatch):
+    """``fast_attention_forward`` takes the Gluon forward for long inputs (``hopper.preferred``),
+    the ``tl`` one for short ones and with ``FLASHATTN_GLUON=0``; both give the same attention."""
+    from flashattn.fast import forward as fast_forward
+
+    calls = []
+    real = fast_forward.hopper_forward.launch
+    monkeypatch.setattr(fast_forward.hopper_forward, "launch",
+                        lambda *a, **kw: calls.append(kw["variant"]) or real(*a, **kw))
+    q, k, v = (rand(1, 4, 4096, 128, dtype=torch.bfloat16) for _ in range(3))
+    o, lse = fast_forward.fast_attention_forward(q, k, v, True, 128 ** -0.5)
+    assert calls == ["pingpong"]
+    with settings.override(gluon=False):
+        o_tl, lse_tl = fast_forward.fast_attention_forward(q, k, v, True, 128 ** -0.5)
+    assert calls == ["pingpong"]
+    assert (lse - lse_tl).abs().max() < 1e-3 and (o.float() - o_tl.float()).abs().max() < 3e-2
+    short = [rand(1, 4, 1024, 64, dtype=torch.bfloat16) for _ in range(3)]
+    fast_forward.fast_attention_forward(*short, True, 0.125)
+    assert calls == ["pingpong"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_training_through_the_drop_in_on_the_gluon_forward(causal):
+    """Forward by the Gluon kernel, backward by the ``tl`` kernels on its O and LSE: gradients
+    per head against float64, as the fast path's own tests hold them."""
+    import flashattn
+
+    q, k, v = (rand(1, 4, 4100, 128, dtype=torch.bfloat16) for _ in range(3))
+    k, v = k[:, :2], v[:, :2]                      # GQA 2:1 (a slice of heads: strides of a wider tensor)
+    assert hopper.preferred(q, k, causal) is not None and hopper.supports(q, k, v, causal)[0]
+    do = rand(1, 4, 4100, 128, dtype=torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = flashattn.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True)
+    out.backward(do)
+    ref = reference(q, k, v, do, causal=causal)
+    for name, got in (("O", out), ("dQ", leaves[0].grad), ("dK", leaves[1].grad), ("dV", leaves[2].grad)):
+        err = per_head_error(got, ref[name])
+        assert float(err.max()) < TOL[torch.bfloat16], f"{name}: worst head rel err {float(err.max()):.2e}"

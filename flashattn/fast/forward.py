@@ -232,6 +232,11 @@ _tuned_fwd = tuning.autotuned(fast_fwd_kernel, "fwd")
 SHORT_CAUSAL_KEYS = 1024
 
 
+# (imported here, not at the top: notebook 06 prints fast_fwd_kernel above with its line numbers)
+from .. import hopper  # noqa: E402
+from ..hopper import forward as hopper_forward  # noqa: E402
+
+
 def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, warmup: bool = False,
                            layout=None, window_args=(False, 0, 0), dropout_p: float = 0.0, seed: int = 0):
     """O and LSE (natural log, fp32) by the tuned kernel. Inputs validated by the caller
@@ -242,9 +247,15 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
     folded in (then ``causal`` is False), ``dropout_p`` and ``seed``.
 
     A plain fp16/bf16 call replays the launch plan of an earlier call of the same signature
-    (``plans.py``: the host's work done once)."""
-    if (config is None and not warmup and layout is None and not window_args[0] and not dropout_p
-            and q.dtype in plans.HALF and plans.enabled()):
+    (``plans.py``: the host's work done once); on Hopper, where it measured faster, it runs the
+    Gluon forward of ``flashattn.hopper`` instead (``hopper.preferred``; ``FLASHATTN_GLUON=0`` not)."""
+    plain = (config is None and not warmup and layout is None and not window_args[0] and not dropout_p
+             and q.dtype in plans.HALF)
+    if plain and q.shape[-1] in hopper.HEAD_DIMS:     # Hopper, long enough: the Gluon forward (issue 44)
+        variant = hopper.preferred(q, k, causal)
+        if variant is not None and hopper.supports(q, k, v, causal, scale)[0]:
+            return hopper_forward.launch(q, k, v, causal, scale, variant=variant)
+    if plain and plans.enabled():
         key = plans.signature((q, k, v), ("fwd", causal, scale))
         plan = plans.find(key)
         if plan is not None:

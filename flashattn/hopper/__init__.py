@@ -13,8 +13,9 @@ whether it may run, and why not: it runs only
 * where the copy engine's rules hold: unit last stride, every other stride (of a dim longer than 1)
   a positive multiple of 16 bytes, every base address 16-byte aligned.
 
-Anything else belongs to the ``tl`` fast path. Nothing here is wired into ``flashattn.api`` or
-``flashattn.fast`` yet. The kernel is in ``forward.py``; ``offline.py`` compiles it for sm_90
+Anything else belongs to the ``tl`` fast path. ``fast.fast_attention_forward`` runs it for a plain
+fp16/bf16 call where ``preferred`` names a variant (where it measured faster) and ``supports``
+agrees; the backward is the ``tl`` one, on this forward's O and LSE. The kernel is in ``forward.py``; ``offline.py`` compiles it for sm_90
 without a GPU and prints its registers, spills and shared memory.
 """
 from __future__ import annotations
@@ -98,6 +99,23 @@ def supports(q, k, v, causal=False, scale=None) -> tuple:
     return True, ""
 
 
+#: Where the Gluon forward measured faster than the ``tl`` one, and with which variant (H200, torch
+#: 2.11, triton 3.6, bf16, B*S = 16k, H*D = 2048, ``python -m flashattn.hopper.bench``,
+#: ``results/gluon_forward_h200.json``): from 4k keys on, every shape (ws2 / pingpong at 1.06-1.26x
+#: the ``tl`` forward's TFLOP/s), and D = 128 without the mask from 1k keys (1.26x); at 1k keys
+#: otherwise the ``tl`` forward led (the Gluon one at 0.75-0.95x), so it keeps those.
+MIN_KEYS = 4096
+
+
+def preferred(q, k, causal: bool):
+    """The Gluon variant to run for inputs of these shapes, or None where the ``tl`` forward
+    measured faster. (``supports`` still decides whether it may run.)"""
+    S_k, D = k.shape[2], q.shape[-1]
+    if S_k >= MIN_KEYS or (D == 128 and not causal and S_k >= 1024):
+        return "pingpong" if causal else "ws2"      # the faster of the two in that run, per mask
+    return None
+
+
 def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     """O and LSE by the Gluon kernel (``forward.py``); ValueError naming the reason where
     ``supports`` refuses (callers take the ``tl`` fast path instead). ``variant``: one of
@@ -109,4 +127,4 @@ def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     return forward.launch(q, k, v, causal, scale, variant=variant or forward.DEFAULT_VARIANT)
 
 
-__all__ = ["attention_forward", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]
+__all__ = ["attention_forward", "preferred", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]
