@@ -787,6 +787,10 @@ EDITS = [
     ('11r', "k_here[r], v_here[r]", "v_here[r], k_here[r]", 'ring_kv_swapped', 'match that computation exactly'),
     ('11r', "for step in range(W):", "for step in range(W - 1):", 'ring_one_step_short', 'match that computation exactly'),
     ('11r', "dk_here[r] += dk_b", "dk_here[s] += dk_b", 'ring_dkdv_by_source', 'dK wrong in'),
+    # delta summed in fp16: only the fp16 case, by rounding (the 'scale' rule read its ratio of 1 as
+    # the factor 1/sqrt(D) / scale of a default scale)
+    ('11r', "delta = [(do[r].float() * o[r].float()).sum(-1) for r in range(W)]",
+     "delta = [(do[r] * o[r]).sum(-1).float() for r in range(W)]", 'low_precision', "'W=3 contiguous causal 1x2x12 fp16'"),
     ('11r', "dk_here = [torch.zeros(k[r].shape, dtype=torch.float32) for r in range(W)]",
      "dk_here = [torch.zeros_like(k[r]) for r in range(W)]", 'dtype', 'torch.float16'),
 ]
