@@ -110,7 +110,8 @@ NOTEBOOKS = {"01": ("01_attention_backward.ipynb", ("def attention_backward(",),
              "07": ("07_lazy_attention.ipynb", ("def forward_one_head(", "def lazy_backward_one_head("),
                     "torch.manual_seed(0)"),
              "09": ("09_beyond_the_basics.ipynb", ("def visible_mask(", "def sequence_backward(",
-                                                   "def packed_backward("), None)}
+                                                   "def packed_backward("), None),
+             "11": ("11_ring_attention.ipynb", ("def merge_partials(", "def ring_backward("), None)}
 _HEADER = ("import math\nimport torch\nimport triton\nimport triton.language as tl\nimport flashattn\n"
            "from flashattn.reference import causal_mask\nfrom flashattn.beyond import dropout_mask\n\n")
 
@@ -130,7 +131,8 @@ def solution_code(exercise, edit=None) -> str:
 
 
 def solution(tmp_path, exercise, edit=None):
-    """``solution_code`` as a module (a file: triton.jit reads a kernel's source)."""
+    """``solution_code`` as a module (a file: triton.jit reads a kernel's source). ``exercise`` is a
+    notebook's key: "09" and "11" hold two checkers' functions each (their EDITS say "09m", "11r")."""
     code = solution_code(exercise, edit)
     path = tmp_path / f"solution_{exercise}_{abs(hash(code))}.py"
     path.write_text(_HEADER + code)
@@ -152,6 +154,8 @@ def _checks():
         "07": lambda m, **kw: run_checker(check.lazy_backward, m.lazy_backward_one_head, **kw),
         "09m": lambda m, **kw: run_checker(check.window_mask, m.visible_mask, **kw),
         "09b": lambda m, **kw: run_checker(check.beyond_backward, m.packed_backward, **kw),
+        "11m": lambda m, **kw: run_checker(check.merge_partials, m.merge_partials, **kw),
+        "11r": lambda m, **kw: run_checker(check.ring_backward, m.ring_backward, **kw),
     }
 
 

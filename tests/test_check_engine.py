@@ -71,6 +71,9 @@ def test_list_prints_the_order(capsys):
     out = capsys.readouterr().out
     assert "check.rebuild_p" in out and "check.online_softmax" in out and "check.dq_kernel" not in out
     assert [c.name for c in checkers.by_name("3")] == ["dq_kernel"]
+    assert main(["--list", "11"]) == 0           # exercise 11: the merge, then the ring's backward
+    out = capsys.readouterr().out
+    assert out.index("check.merge_partials") < out.index("check.ring_backward") and "ring_stale_kv" in out
     assert main(["--list", "no_such_checker"]) == 2
     capsys.readouterr()
     assert main(["--list"]) == 0

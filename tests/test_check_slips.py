@@ -65,10 +65,10 @@ CHECKS = SOLUTION_CHECKS
 
 
 def _load(tmp_path, exercise, edit=None):
-    return solution(tmp_path, exercise[:2] if exercise.startswith("09") else exercise, edit)
+    return solution(tmp_path, exercise[:2] if exercise[:2] in ("09", "11") else exercise, edit)
 
 
-@pytest.mark.parametrize("exercise", ["01", "02p", "02o", "07", "09m", "09b"])
+@pytest.mark.parametrize("exercise", ["01", "02p", "02o", "07", "09m", "09b", "11m", "11r"])
 def test_the_solutions_pass(tmp_path, exercise):
     assert_clean(CHECKS[exercise](_load(tmp_path, exercise)))
 
@@ -736,6 +736,63 @@ EDITS = [
      'loop_one_block_short', 'match that computation exactly'),
     ('02o', 'for start in range(0, S_k, block_n):', 'for start in range(0, S_k - 1, block_n):',
      'online_drop_partial', 'match that computation exactly'),
+    # ---- exercise 11: the merge of two partial results, and the ring's backward in one process
+    ('11m', "    o = o_a.float() * torch.sigmoid(d)[..., None] + o_b.float() * torch.sigmoid(-d)[..., None]\n"
+            "    lse = torch.maximum(lse_a, lse_b) + torch.log1p(torch.exp(-d.abs()))",
+     "    lse = torch.log(torch.exp(lse_a) + torch.exp(lse_b))\n"
+     "    o = o_a.float() * torch.exp(lse_a - lse)[..., None] + o_b.float() * torch.exp(lse_b - lse)[..., None]",
+     'merge_overflow', 'match that computation exactly'),
+    ('11m', "    d = torch.nan_to_num(d, nan=0.0)", "    pass", 'merge_masked_rows', 'match that computation exactly'),
+    ('11m', "torch.sigmoid(d)[..., None] + o_b.float() * torch.sigmoid(-d)[..., None]",
+     "torch.sigmoid(-d)[..., None] + o_b.float() * torch.sigmoid(d)[..., None]",
+     'merge_weights_swapped', 'O wrong in'),
+    ('11m', "lse = torch.maximum(lse_a, lse_b) + torch.log1p(torch.exp(-d.abs()))", "lse = torch.maximum(lse_a, lse_b)",
+     'merge_lse_max', 'LSE wrong in'),
+    ('11m', "torch.log1p(torch.exp(-d.abs()))", "torch.log1p(torch.exp(-d))", 'merge_lse_signed', 'LSE wrong in'),
+    ('11m', "lse = torch.maximum(lse_a, lse_b) + torch.log1p(torch.exp(-d.abs()))", "lse = lse_a + lse_b",
+     'merge_lse_added', 'LSE wrong in'),
+    ('11m', "o = o_a.float() * torch.sigmoid(d)[..., None] + o_b.float() * torch.sigmoid(-d)[..., None]",
+     "o = (o_a.float() + o_b.float()) / 2", 'merge_average', 'O wrong in'),
+    ('11m', "o = o_a.float() * torch.sigmoid(d)[..., None] + o_b.float() * torch.sigmoid(-d)[..., None]",
+     "o = (o_a * torch.sigmoid(d)[..., None].to(o_a.dtype) + o_b * torch.sigmoid(-d)[..., None].to(o_b.dtype)).float()",
+     'merge_low_precision', 'O wrong in 1 of 6 cases'),
+    ('11m', "return o, lse", "return o.to(o_a.dtype), lse", 'dtype', 'torch.float16'),
+    ('11m', "o = o_a.float() * torch.sigmoid(d)[..., None] + o_b.float() * torch.sigmoid(-d)[..., None]",
+     "o = o_a.float() * torch.exp(d)[..., None] + o_b.float() * torch.exp(-d)[..., None]",
+     'merge_exp_weights', 'match that computation exactly'),
+    ('11m', "d = torch.nan_to_num(d, nan=0.0)", "d = torch.where(torch.isinf(lse_a) | torch.isinf(lse_b), 0.0, d)",
+     'merge_one_empty', 'match that computation exactly'),
+    ('11m', "torch.log1p(torch.exp(-d.abs()))", "torch.log(torch.exp(-d.abs()))", 'merge_log_for_log1p',
+     'LSE wrong in'),
+    ('11r', "        if step + 1 < W:                                 # every block has visited every rank: no last pass\n"
+            "            k_here, v_here = ring_pass(k_here), ring_pass(v_here)\n", "",
+     'ring_stale_kv', 'match that computation exactly'),
+    ('11r', "s = (r - step) % W", "s = (r + step) % W", 'ring_source_index', 'match that computation exactly'),
+    ('11r', "positions[r], positions[s], causal, scale)", "positions[r], positions[r], causal, scale)",
+     'ring_key_positions', 'match that computation exactly'),
+    ('11r', "lse[r], delta[r],", "lse[s], delta[r],", 'ring_lse_of_source', 'match that computation exactly'),
+    ('11r', "lse[r], delta[r],", "lse[r], delta[s],", 'ring_delta_of_source', 'match that computation exactly'),
+    ('11r', "        dk_here, dv_here = ring_pass(dk_here), ring_pass(dv_here)   # the last pass brings them home",
+     "            dk_here, dv_here = ring_pass(dk_here), ring_pass(dv_here)",
+     'ring_dkdv_not_home', 'match that computation exactly'),
+    ('11r', "        dk_here, dv_here = ring_pass(dk_here), ring_pass(dv_here)   # the last pass brings them home\n", "",
+     'ring_dkdv_kept', 'match that computation exactly'),
+    ('11r', "    for step in range(W):\n        for r in range(W):",
+     "    for step in range(W):\n"
+     "        dk_here = [torch.zeros(k[r].shape, dtype=torch.float32) for r in range(W)]\n"
+     "        dv_here = [torch.zeros(v[r].shape, dtype=torch.float32) for r in range(W)]\n"
+     "        for r in range(W):",
+     'ring_dkdv_reset', 'match that computation exactly'),
+    ('11r', "dq[r] += dq_b", "dq[r] = dq_b", 'ring_dq_overwritten', 'match that computation exactly'),
+    ('11r', "k_here[r], v_here[r]", "v_here[r], k_here[r]", 'ring_kv_swapped', 'match that computation exactly'),
+    ('11r', "for step in range(W):", "for step in range(W - 1):", 'ring_one_step_short', 'match that computation exactly'),
+    ('11r', "dk_here[r] += dk_b", "dk_here[s] += dk_b", 'ring_dkdv_by_source', 'dK wrong in'),
+    # delta summed in fp16: only the fp16 case, by rounding (the 'scale' rule read its ratio of 1 as
+    # the factor 1/sqrt(D) / scale of a default scale)
+    ('11r', "delta = [(do[r].float() * o[r].float()).sum(-1) for r in range(W)]",
+     "delta = [(do[r] * o[r]).sum(-1).float() for r in range(W)]", 'low_precision', "'W=3 contiguous causal 1x2x12 fp16'"),
+    ('11r', "dk_here = [torch.zeros(k[r].shape, dtype=torch.float32) for r in range(W)]",
+     "dk_here = [torch.zeros_like(k[r]) for r in range(W)]", 'dtype', 'torch.float16'),
 ]
 
 

@@ -27,6 +27,9 @@ The checkers and what they call
 * :func:`window_mask` -- ``fn(S_q, S_k, window) -> bool [S_q, S_k]`` (lesson 09)
 * :func:`beyond_backward` -- ``fn(q, k, v, o, do, lse, cu_seqlens_q, cu_seqlens_k, window, dropout_p,
   seed, scale) -> (dq, dk, dv)`` on a packed batch (lesson 09)
+* :func:`merge_partials` -- ``fn(o_a, lse_a, o_b, lse_b) -> (o, lse)``, two partial results merged (lesson 11)
+* :func:`ring_backward` -- ``fn(q, k, v, o, do, lse, positions, causal, scale) -> (dq, dk, dv)``, lists
+  of W ranks' shards: the ring's backward in one process (lesson 11)
 
 Inputs are float32 (the PyTorch exercises), or float32 on the CPU and float16 on a GPU (the
 kernels), with one case in float16 everywhere (outputs must come back in the inputs' dtype);
@@ -52,6 +55,7 @@ from .errors import CtxTensors, NoBackwardKernel, NoGradient, ShapeError
 from .fingerprints import backward_variants, mask_variants, online_variants
 from .beyond import beyond_backward, window_mask
 from .lazy import lazy_backward
+from .ring import merge_partials, ring_backward
 from .origin import describe_origin
 from .results import CheckFailed, CheckResult, Diagnosis
 from .instruments import count_triton_launches, launched
@@ -65,7 +69,8 @@ last: Optional[CheckResult] = None
 __all__ = [
     "Case", "CheckResult", "CheckFailed", "Diagnosis", "MISTAKES", "BATTERY", "last", "orders",
     "attention_backward", "rebuild_p", "online_softmax", "dq_kernel", "dkdv_kernel",
-    "autograd_function", "lazy_backward", "window_mask", "beyond_backward", "describe_origin",
+    "autograd_function", "lazy_backward", "window_mask", "beyond_backward", "merge_partials", "ring_backward",
+    "describe_origin",
 ]
 
 

@@ -1,4 +1,4 @@
-"""The nine checkers, and the order each tries its mistakes in.
+"""The eleven checkers, and the order each tries its mistakes in.
 
 A checker is one exercise's check: ``check.dq_kernel`` is :data:`DQ`. The mistakes it can name and
 the order it tries them are the stage tables below -- the only place an order is written. Every
@@ -32,9 +32,11 @@ AUTOGRAD = Checker("autograd_function", "05", "attention wired into autograd")
 LAZY = Checker("lazy_backward", "07", "lazy attention's backward, in PyTorch")
 WINDOW = Checker("window_mask", "09", "the sliding window's mask")
 BEYOND = Checker("beyond_backward", "09", "the packed backward with a window and dropout")
+MERGE = Checker("merge_partials", "11", "the merge of two partial results through their LSEs")
+RING = Checker("ring_backward", "11", "the ring's backward, simulated in one process")
 
 #: every checker, in the course's order
-EVERY = (BACKWARD, REBUILD_P, ONLINE, DQ, DKDV, AUTOGRAD, LAZY, WINDOW, BEYOND)
+EVERY = (BACKWARD, REBUILD_P, ONLINE, DQ, DKDV, AUTOGRAD, LAZY, WINDOW, BEYOND, MERGE, RING)
 #: the checkers of a Triton kernel (through the learner's launcher)
 KERNELS = (DQ, DKDV)
 #: the checkers of code written in PyTorch (autograd's Function included)
@@ -49,7 +51,7 @@ DENSE = (BACKWARD, REBUILD_P, ONLINE)
 
 def by_name(name: str) -> tuple:
     """The checkers ``name`` stands for: a checker's own (``dq_kernel``, ``check.dq_kernel``) or an
-    exercise's number (``03``; ``02`` and ``09`` have two checkers each)."""
+    exercise's number (``03``; ``02``, ``09`` and ``11`` have two checkers each)."""
     name = name.removeprefix("check.")
     found = tuple(c for c in EVERY if name in (c.name, c.exercise, c.exercise.lstrip("0")))
     if not found:
@@ -410,6 +412,29 @@ FORMULA_TABLE = Stage(FORMULA, (
     ("wrong_argument",                   (BACKWARD, DQ, DKDV, AUTOGRAD)),
     ("scaled_statistic",                 (BACKWARD, DQ, DKDV, AUTOGRAD)),
     ("lazy_wrong_operand",               (LAZY,)),
+    ("merge_overflow",                   (MERGE,)),
+    ("merge_masked_rows",                (MERGE,)),
+    ("merge_exp_weights",                (MERGE,)),
+    ("merge_one_empty",                  (MERGE,)),
+    ("merge_weights_swapped",            (MERGE,)),
+    ("merge_lse_max",                    (MERGE,)),
+    ("merge_lse_signed",                 (MERGE,)),
+    ("merge_lse_added",                  (MERGE,)),
+    ("merge_log_for_log1p",              (MERGE,)),
+    ("merge_average",                    (MERGE,)),
+    ("merge_low_precision",              (MERGE,)),
+    ("ring_stale_kv",                    (RING,)),
+    ("ring_source_index",                (RING,)),
+    ("ring_key_positions",               (RING,)),
+    ("ring_kv_swapped",                  (RING,)),
+    ("ring_lse_of_source",               (RING,)),
+    ("ring_delta_of_source",             (RING,)),
+    ("ring_one_step_short",              (RING,)),
+    ("ring_dkdv_not_home",               (RING,)),
+    ("ring_dkdv_kept",                   (RING,)),
+    ("ring_dkdv_by_source",              (RING,)),
+    ("ring_dkdv_reset",                  (RING,)),
+    ("ring_dq_overwritten",              (RING,)),
 ))
 
 OUTPUTS_TABLE = Stage(OUTPUTS, (

@@ -11,6 +11,7 @@ Lesson 11 (``notebooks/11_ring_attention.ipynb``) tells the story.
     checks    input checks: local ones, then one small all-gather so that every rank raises
     ring      the ring: forward, backward, RingAttentionFunction, ring_attention
     shards    shard / unshard: a whole tensor to this rank's shard and back
+    simulate  the ring in one process (shards as lists): exercise 11 and its checker
     workers   spawn processes with a process group each (tests, the notebook) and the checks
               they run against single-process attention
     selftest  python -m flashattn.distributed.selftest: NCCL on 2 and 4 GPUs against one GPU

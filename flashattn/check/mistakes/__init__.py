@@ -21,6 +21,7 @@ memory                 reads past the end, rows bounded by the other length, ele
 formulas               the outputs equal a known wrong formula of the backward, a mask, P's rebuild
 online_formulas        ... of the online softmax (exercise 02)
 lazy_formulas          ... of lazy attention's backward (exercise 07)
+ring_formulas          ... of the merge and the ring's backward (exercise 11)
 outputs                an output is zero, equals another tensor, NaN in row 0 only, +inf at hidden keys
 formula_lines          a line of the formulas, after the exact matches (the scale, the causal compare)
 numbers                NaN, writes past the end, a sign, a factor, float32 rounding, lost precision
@@ -29,4 +30,4 @@ fallback               which heads, which outputs, which cases are wrong; and la
 """
 from . import (code_autograd, code_exercises, code_kernels, code_pytorch, code_python, did_not_run,  # noqa: F401
                fallback, formula_lines, formulas, launch, lazy_formulas, lesson09, memory, numbers, online_formulas,
-               outputs, pinned, raised)
+               outputs, pinned, raised, ring_formulas)

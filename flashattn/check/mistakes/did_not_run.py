@@ -179,7 +179,8 @@ def _saved_order(ctx):
 
 @mistake("dtype", DID_NOT_RUN, "an output has the wrong dtype",
          "Return each output in the dtype the exercise asks for: O like q (cast the fp32 "
-         "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to.",
+         "accumulator back with .to(q.dtype)), LSE in fp32, gradients like the inputs they belong to "
+         "-- but fp32 where the exercise says so (exercise 11: the merge and the ring's gradients).",
          proof="slips/09b/dtype")
 def _dtype(ctx):
     r = first_raised(ctx, DtypeError)

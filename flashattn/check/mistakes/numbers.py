@@ -68,7 +68,8 @@ def _scale(ctx):
         if not (math.isfinite(t.ratio) and t.ratio_resid < 1e-2):
             return None
         for f in (1.0 / s, s, (1.0 / math.sqrt(r.case.D)) / s, s * math.sqrt(r.case.D), 1 / s ** 2, s ** 2):
-            if abs(t.ratio / f - 1.0) < 2e-2:
+            # with the default scale, 1/sqrt(D) / scale is 1: a ratio of 1 is rounding, not a factor
+            if abs(f - 1.0) >= 2e-2 and abs(t.ratio / f - 1.0) < 2e-2:
                 return f
         return None
 
