@@ -147,3 +147,25 @@ def test_the_kernels_compile_for_sm90_without_a_gpu():
     assert len(rows) == 1 and "FAILED" not in rows[0], out.stdout
     regs, spills = rows[0].split()[4:6]
     assert spills == "0/0", rows[0]
+
+
+def test_flashattn_imports_where_triton_has_no_gluon():
+    """The Gluon kernels' module is imported only where Gluon is the API it was written for: a
+    Triton without ``triton.experimental.gluon`` still imports flashattn and its fast path."""
+    import subprocess
+    import sys
+
+    script = (
+        "import builtins\n"
+        "real = builtins.__import__\n"
+        "def refuse(name, globals=None, locals=None, fromlist=(), level=0):\n"
+        "    if name.startswith('triton.experimental.gluon') or (name == 'triton.experimental' and fromlist and 'gluon' in fromlist):\n"
+        "        raise ImportError('no gluon in this triton')\n"
+        "    return real(name, globals, locals, fromlist, level)\n"
+        "builtins.__import__ = refuse\n"
+        "import flashattn, flashattn.fast.forward, flashattn.hopper as h\n"
+        "ok, why = h.availability()\n"
+        "assert not ok and 'no gluon' in why, why\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]

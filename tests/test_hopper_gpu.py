@@ -134,11 +134,11 @@ def test_the_fast_path_runs_it_where_it_measured_faster(monkeypatch):
     """``fast_attention_forward`` takes the Gluon forward for long inputs (``hopper.preferred``),
     the ``tl`` one for short ones and with ``FLASHATTN_GLUON=0``; both give the same attention."""
     from flashattn.fast import forward as fast_forward
+    from flashattn.hopper import forward as hopper_forward
 
     calls = []
-    real = fast_forward.hopper_forward.launch
-    monkeypatch.setattr(fast_forward.hopper_forward, "launch",
-                        lambda *a, **kw: calls.append(kw["variant"]) or real(*a, **kw))
+    real = hopper_forward.launch
+    monkeypatch.setattr(hopper_forward, "launch", lambda *a, **kw: calls.append(kw["variant"]) or real(*a, **kw))
     q, k, v = (rand(1, 4, 4096, 128, dtype=torch.bfloat16) for _ in range(3))
     o, lse = fast_forward.fast_attention_forward(q, k, v, True, 128 ** -0.5)
     assert calls == ["pingpong"]

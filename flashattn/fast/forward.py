@@ -234,7 +234,6 @@ SHORT_CAUSAL_KEYS = 1024
 
 # (imported here, not at the top: notebook 06 prints fast_fwd_kernel above with its line numbers)
 from .. import hopper  # noqa: E402
-from ..hopper import forward as hopper_forward  # noqa: E402
 
 
 def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, warmup: bool = False,
@@ -254,7 +253,7 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
     if plain and q.shape[-1] in hopper.HEAD_DIMS:     # Hopper, long enough: the Gluon forward (issue 44)
         variant = hopper.preferred(q, k, causal)
         if variant is not None and hopper.supports(q, k, v, causal, scale)[0]:
-            return hopper_forward.launch(q, k, v, causal, scale, variant=variant)
+            return hopper.launch_forward(q, k, v, causal, scale, variant)
     if plain and plans.enabled():
         key = plans.signature((q, k, v), ("fwd", causal, scale))
         plan = plans.find(key)

@@ -116,6 +116,14 @@ def preferred(q, k, causal: bool):
     return None
 
 
+def launch_forward(q, k, v, causal: bool, scale: float, variant: str):
+    """O and LSE by ``variant``, inputs already accepted by ``supports`` (the fast path's call).
+    The kernels' module is imported here, where Gluon is known to be the API it was written for:
+    importing flashattn never depends on this Triton's Gluon."""
+    from . import forward
+    return forward.launch(q, k, v, causal, scale, variant=variant)
+
+
 def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     """O and LSE by the Gluon kernel (``forward.py``); ValueError naming the reason where
     ``supports`` refuses (callers take the ``tl`` fast path instead). ``variant``: one of
@@ -127,4 +135,4 @@ def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     return forward.launch(q, k, v, causal, scale, variant=variant or forward.DEFAULT_VARIANT)
 
 
-__all__ = ["attention_forward", "preferred", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]
+__all__ = ["attention_forward", "launch_forward", "preferred", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]
