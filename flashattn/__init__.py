@@ -29,7 +29,7 @@ from .forward import attention_forward
 from .backward import (attention_backward, attention_backward_delta, attention_backward_dq,
                        attention_backward_dkdv)
 from .autograd import FlashAttentionFunction, teaching_flash_attention
-from .api import flash_attention, scaled_dot_product_attention
+from .api import flash_attention, flash_attention_fast, scaled_dot_product_attention
 from .verify import Report, check_attention, compare, sdpa, verify_attention
 from .lazy import LazyAttentionFunction, lazy_attention
 from . import beyond
@@ -38,7 +38,7 @@ from .beyond import flash_attention_varlen
 __version__ = "0.1.0"
 
 __all__ = [
-    "scaled_dot_product_attention", "flash_attention", "FlashAttentionFunction", "teaching_flash_attention",
+    "scaled_dot_product_attention", "flash_attention", "flash_attention_fast", "FlashAttentionFunction", "teaching_flash_attention",
     "attention_forward", "attention_backward", "attention_backward_delta",
     "attention_backward_dq", "attention_backward_dkdv",
     "attention_reference", "attention_autograd", "AttentionReference",

@@ -60,6 +60,27 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     return _run(q, k, v, causal, scale_value, impl, key)
 
 
+def flash_attention_fast(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                         scale: Optional[float] = None, backward: str = "auto") -> torch.Tensor:
+    """``flash_attention(..., impl="fast")`` with the backward named: the tuned kernels only
+    (ValueError where they do not apply). ``backward``: "auto" (two kernels; the fused one for
+    fp32), "two-kernel", or "fused" (one dK/dV kernel that also adds dQ with atomics: there to
+    compare with, and refused under ``torch.use_deterministic_algorithms``). One autograd node for
+    both entry points: ``ops``'."""
+    runtime.validate_qkv(q, k, v)
+    causal = runtime.validate_causal(causal)
+    scale = runtime.validate_scale(scale, q.shape[-1])
+    ok, why = ops.supports(q.dtype, q.shape[-1])
+    if not ok:
+        raise ValueError(why)
+    if backward not in ops.FAST_BACKWARDS:
+        raise ValueError(f"backward must be one of {', '.join(map(repr, ops.FAST_BACKWARDS))}, got {backward!r}")
+    if backward == "fused" and torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
+                           "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
+    return ops.attention(q, k, v, causal, scale, ops.FAST_BACKWARDS[backward])
+
+
 #: Validation and the choice of kernels depend only on what ``_signature`` holds, so a training
 #: loop pays for them once per kind of call, not at every call (~25 us of host time each).
 #: Signature -> (scale, kernels to run); calls that warn (the bf16 fallback) are never kept.

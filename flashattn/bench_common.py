@@ -16,8 +16,7 @@ import torch.nn.functional as F
 import triton
 
 from . import runtime
-from .api import flash_attention
-from .fast import flash_attention_fast
+from .api import flash_attention, flash_attention_fast
 from .reference import attention_autograd
 
 

@@ -32,6 +32,10 @@ from .forward import attention_forward
 
 IMPLS = ("fast", "teaching")
 IMPLEMENTATIONS = ("auto", *IMPLS)          # what a caller may ask for
+#: ``flash_attention_fast``'s ``backward`` -> the operators' impl: the fast path with its backward named
+FAST_BACKWARDS = {"auto": "fast", "two-kernel": "fast:two-kernel", "fused": "fast:fused"}
+#: fast impl -> ``fast_attention_backward``'s ``fused`` (None: its default, two kernels but for fp32)
+_FUSED = {"fast": None, "fast:two-kernel": False, "fast:fused": True}
 
 
 def pick_impl(impl: str, dtype: torch.dtype, head_dim: int) -> str:
@@ -54,9 +58,9 @@ def pick_impl(impl: str, dtype: torch.dtype, head_dim: int) -> str:
 def run_forward(q, k, v, causal: bool, scale: float, impl: str, prepare: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, LSE) by the ``impl`` kernels; ``prepare``: a backward will follow (fast: its kernels
     are compiled in the background)."""
-    if impl == "fast":
+    if impl in _FUSED:
         o, lse = fast_attention_forward(q, k, v, causal, scale)
-        if prepare:
+        if prepare and impl == "fast":       # (the default backward's kernels; a named one compiles when called)
             # The backward's kernels compile (and load) in background threads, once per kind of
             # input, while the caller computes its loss. Started before the forward's compile they
             # would overlap it more, but with a warm disk cache the threads' loads then slowed the
@@ -85,10 +89,10 @@ def backward_kernels(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                           o: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, impl: str,
                           needs_dq: bool, needs_dkdv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV); a gradient not asked for comes back as an empty tensor."""
-    if impl == "fast":
+    if impl in _FUSED:
         wait_prepared(q, k, causal)
         dq, dk, dv = fast_attention_backward(q, k, v, o, contiguous_do(do), lse, causal, scale,
-                                             needs_dq=needs_dq, needs_dkdv=needs_dkdv)
+                                             needs_dq=needs_dq, needs_dkdv=needs_dkdv, fused=_FUSED[impl])
     else:
         dq, dk, dv = attention_backward(q, k, v, o, do, lse, causal, scale,
                                         needs_dq=needs_dq, needs_dkdv=needs_dkdv)

@@ -34,7 +34,7 @@ if ON_GPU:
 
 def _run(q, k, v, do, causal, backward):
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out = fast.flash_attention_fast(*leaves, causal=causal, backward=backward)
+    out = flashattn.flash_attention_fast(*leaves, causal=causal, backward=backward)
     out.backward(do)
     return {"O": out.detach(), "dQ": leaves[0].grad, "dK": leaves[1].grad, "dV": leaves[2].grad}
 
@@ -178,7 +178,7 @@ def test_split_and_padded_backward_agree(monkeypatch, causal, setenv):
 def test_fast_refuses_what_it_cannot_do():
     q = rand(1, 2, 16, 32, dtype=torch.float64)
     with pytest.raises(ValueError, match="the fast path takes"):
-        fast.flash_attention_fast(q, q, q)
+        flashattn.flash_attention_fast(q, q, q)
     assert fast.supports(torch.float16, 24)[0] and not fast.supports(torch.float16, 260)[0]
 
 
@@ -254,8 +254,8 @@ def test_fused_backward_refused_in_deterministic_mode():
     torch.use_deterministic_algorithms(True)
     try:
         with pytest.raises(RuntimeError, match="deterministic"):
-            fast.flash_attention_fast(q, q, q, backward="fused")
-        fast.flash_attention_fast(q, q, q)  # the default, two kernels, is fine
+            flashattn.flash_attention_fast(q, q, q, backward="fused")
+        flashattn.flash_attention_fast(q, q, q)  # the default, two kernels, is fine
     finally:
         torch.use_deterministic_algorithms(False)
 
@@ -443,7 +443,7 @@ def test_the_fused_backward_has_no_nan_from_padded_keys_at_large_logits():
     k, v = torch.randn(1, 2, 1, 32, device=DEVICE), torch.randn(1, 2, 1, 32, device=DEVICE)
     q[0, 0, 0] = -4.0 * k[0, 0, 0] / k[0, 0, 0].norm() * 40      # a row whose one score is about -160
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = fast.flash_attention_fast(*leaves, causal=False, scale=1.0, backward="fused")
+    out = flashattn.flash_attention_fast(*leaves, causal=False, scale=1.0, backward="fused")
     out.backward(torch.randn_like(out))
     for t in leaves:
         assert torch.isfinite(t.grad).all()

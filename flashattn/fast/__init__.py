@@ -5,10 +5,8 @@ The lesson kernels in ``flashattn.forward`` / ``flashattn.backward`` stay simple
 ``flash_attention`` uses on a GPU for fp16/bf16 and power-of-two head dims. Both pass the same
 correctness suite.
 """
-from .autograd import (BACKWARDS, HEAD_DIMS, FastFlashAttentionFunction, flash_attention_fast,
-                       precompile, supports)
+from .autograd import HEAD_DIMS, precompile, supports
 from .backward import fast_attention_backward
 from .forward import fast_attention_forward
 
-__all__ = ["flash_attention_fast", "FastFlashAttentionFunction", "supports", "precompile",
-           "fast_attention_forward", "fast_attention_backward", "HEAD_DIMS", "BACKWARDS"]
+__all__ = ["supports", "precompile", "fast_attention_forward", "fast_attention_backward", "HEAD_DIMS"]

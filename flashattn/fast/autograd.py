@@ -1,8 +1,12 @@
-"""The tuned path wired into autograd: what ``flash_attention`` runs on a GPU by default.
+"""The tuned path's helpers for autograd: what it takes (``supports``), whether a gradient will
+flow, the backward's kernels compiled in the background during the first forward, and
+``precompile``. The autograd node itself is ``flashattn.ops``' (``flash_attention``'s and
+``flash_attention_fast``'s alike).
 
 It takes fp16, bf16 and fp32 inputs with any head dim that is a multiple of 8 up to 256, GQA and
 any strides. The backward is the two-kernel design (dQ kernel + dK/dV kernel, no atomics); the
-fused one (dQ by fp32 atomic adds) is there to compare with, on request (``backward="fused"``),
+fused one (dQ by fp32 atomic adds) is there to compare with, on request
+(``flash_attention_fast(..., backward="fused")``),
 and is the default for fp32 inputs (``backward="auto"``), at fp32's accuracy on bf16 pieces
 (``pieces.py``): there every product costs several, and recomputing S and dP for dQ costs more
 than the atomics (``tuning.fused_by_default``; not under ``torch.use_deterministic_algorithms``).
@@ -28,8 +32,6 @@ from .tuning import ArgSpec, fused_by_default, warm
 
 #: head dims the fast kernels take: multiples of 8 up to 256 (padded to a power of two inside)
 HEAD_DIMS = tuple(range(8, 257, 8))
-_FUSED = {"auto": None, "two-kernel": False, "fused": True}   # fast_attention_backward's ``fused``
-BACKWARDS = tuple(_FUSED)
 
 
 def supports(dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
@@ -42,51 +44,11 @@ def supports(dtype: torch.dtype, head_dim: int) -> tuple[bool, str]:
     return True, ""
 
 
-class FastFlashAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, backward: str):
-        o, lse = fast_attention_forward(q, k, v, causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.backward = causal, scale, backward
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
-        wait_prepared(q, k, ctx.causal)
-        dq, dk, dv = fast_attention_backward(q, k, v, o, contiguous_do(do), lse, ctx.causal, ctx.scale,
-                                             needs_dq=needs_q, needs_dkdv=needs_k or needs_v,
-                                             fused=_FUSED[ctx.backward])
-        return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
-                None, None, None)
-
-
 def wants_gradient(q, k, v) -> bool:
     """Will a gradient flow through attention of these inputs? Not under ``torch.no_grad`` /
     inference mode, nor when none of them requires one: then the forward kernel runs alone,
     without the autograd node and the backward's preparation (host time on every call)."""
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-
-
-def flash_attention_fast(q, k, v, *, causal: bool = False, scale: Optional[float] = None,
-                         backward: str = "auto") -> torch.Tensor:
-    """The tuned kernels only (raises ValueError where they do not apply). ``backward``: "auto"
-    (two kernels; fused for fp32), "two-kernel" or "fused"."""
-    runtime.validate_qkv(q, k, v)
-    causal = runtime.validate_causal(causal)
-    scale = runtime.validate_scale(scale, q.shape[-1])
-    ok, why = supports(q.dtype, q.shape[-1])
-    if not ok:
-        raise ValueError(why)
-    if backward not in BACKWARDS:
-        raise ValueError(f"backward must be one of {', '.join(map(repr, BACKWARDS))}, got {backward!r}")
-    if backward == "fused" and torch.are_deterministic_algorithms_enabled():
-        raise RuntimeError("backward='fused' adds dQ with atomics, in a different order every run; "
-                           "torch.use_deterministic_algorithms(True) is on: use backward='two-kernel'")
-    if not wants_gradient(q, k, v):
-        return fast_attention_forward(q, k, v, causal, scale)[0]    # no autograd node
-    return FastFlashAttentionFunction.apply(q, k, v, causal, scale, backward)
 
 
 def precompile(dtypes, head_dims, causals, workers: int | None = None) -> float:
