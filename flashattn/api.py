@@ -51,7 +51,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     """
     q, k, v = runtime.autocast_inputs(q, k, v)
     key = _signature(q, k, v, causal, scale, impl)
-    known = _checked.get(key) if key is not None else None
+    try:
+        known = _checked.get(key) if key is not None else None
+    except TypeError:                  # an unhashable argument: validation says what is wrong with it
+        key = known = None
     if known is not None:              # inputs like these passed validation before
         return ops.attention(q, k, v, causal, *known)
     runtime.validate_qkv(q, k, v, allow_bf16_fallback=True)
@@ -121,7 +124,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """
     shapes = (query.shape, key.shape, value.shape, enable_gqa) if attn_mask is None and \
         type(query) is torch.Tensor and type(key) is torch.Tensor and type(value) is torch.Tensor else None
-    if shapes is None or shapes not in _sdpa_checked:
+    try:
+        checked = shapes is not None and shapes in _sdpa_checked
+    except TypeError:                  # an unhashable enable_gqa (an array): checked every call
+        shapes, checked = None, False
+    if not checked:
         _check_sdpa(query, key, value, attn_mask, enable_gqa)
         if shapes is not None:
             if len(_sdpa_checked) >= 1024:

@@ -137,11 +137,38 @@ def test_plans_are_for_the_current_settings_only(on_gpu_like, monkeypatch):
         assert plans.find(key) is None
 
 
+def test_a_plan_recorded_on_one_tensor_passed_thrice_is_not_used_for_three(on_gpu_like):
+    """f(x, x) records both arguments as one slot: f(q, k) must not replay it (it would read k twice)."""
+    log = []
+    call = two_kernel_call(log, FakeDirect(log), FakeDirect(log))
+    x = torch.randn(8)
+    aliased = plans.signature((x, x), ("alias",))
+    for _ in range(2):
+        plans.record(aliased, (x, x), lambda: call(x, x))
+    assert plans.find(aliased) is not None
+    q, k = torch.randn(8), torch.randn(8)
+    assert plans.signature((q, k), ("alias",)) != aliased and plans.find(plans.signature((q, k), ("alias",))) is None
+
+
+def test_a_kernel_with_pre_run_hooks_keeps_no_plan(on_gpu_like):
+    """DirectLaunch takes the plain path for a kernel with pre-run hooks: a replay would skip them."""
+    log = []
+    first = FakeDirect(log)
+    first.raw = type("Raw", (), {"pre_run_hooks": [print]})()
+    call = two_kernel_call(log, first, FakeDirect(log))
+    x, y = torch.randn(8), torch.randn(8)
+    key = plans.signature((x, y), ("hooks",))
+    for _ in range(3):
+        plans.record(key, (x, y), lambda: call(x, y))
+    assert plans.find(key) is None
+
+
 def test_a_signature_holds_layout_dtype_and_alignment(on_gpu_like):
     a = torch.zeros(4, 6)
     assert plans.signature((a,), ()) != plans.signature((a.t(),), ())
     assert plans.signature((a,), ()) != plans.signature((a.half(),), ())
     assert plans.signature((a,), ()) != plans.signature((torch.zeros(25)[1:].view(4, 6),), ())
+    assert plans.signature((a,), ()) != plans.signature((torch.zeros(4, 6, device="meta"),), ())   # the device
     assert plans.signature((a,), ()) == plans.signature((torch.ones(4, 6),), ())
 
 

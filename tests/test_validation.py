@@ -60,8 +60,25 @@ def test_device_mismatch_or_cpu_tensor_on_gpu():
 ])
 def test_bad_options(causal, scale, exc, message):
     q, k, v = ok()
-    with pytest.raises(exc, match=message):
-        flash_attention(q, k, v, causal=causal, scale=scale)
+    for _ in range(2):   # the second time too: a call of a signature seen before is checked again when it is bad
+        with pytest.raises(exc, match=message):
+            flash_attention(q, k, v, causal=causal, scale=scale)
+
+
+def test_unhashable_options_get_the_validation_message():
+    """Validation is cached per signature (api._checked); an argument that cannot be a key still
+    gets the clear error, not 'unhashable type'."""
+    q, k, v = ok()
+    flash_attention(q, k, v, causal=True)                   # a signature seen
+    with pytest.raises(TypeError, match="scale must be a float or None, got list"):
+        flash_attention(q, k, v, causal=True, scale=[0.1])
+    with pytest.raises(TypeError, match="causal must be a bool, got list"):
+        flash_attention(q, k, v, causal=[True])
+    import numpy as np
+    from flashattn import scaled_dot_product_attention
+
+    out = scaled_dot_product_attention(q, k, v, enable_gqa=np.array(True))   # SDPA takes a truthy array too
+    assert out.shape == q.shape
 
 
 def test_bad_grad_output_shape():

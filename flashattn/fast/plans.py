@@ -55,9 +55,12 @@ def enabled() -> bool:
 
 def signature(tensors, scalars) -> tuple:
     """What a plan depends on: the current device (Triton launches there), every tensor's shape,
-    strides, dtype and alignment, and the call's scalars."""
-    return (driver.active.get_current_device(), scalars,
-            *[(t.shape, t.stride(), t.dtype, t.data_ptr() & 15) for t in tensors])
+    strides, dtype, device and alignment, the call's scalars, and which inputs are one tensor
+    (``f(x, x, x)`` records one slot where ``f(q, k, v)`` needs three)."""
+    ids = [id(t) for t in tensors]
+    same = tuple(map(ids.index, ids)) if len(set(ids)) < len(ids) else None
+    return (driver.active.get_current_device(), scalars, same,
+            *[(t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15) for t in tensors])
 
 
 def find(key):
@@ -71,10 +74,10 @@ def find(key):
 class Plan:
     """The recorded launches of one call; ``plan(inputs)`` replays them and returns the outputs."""
 
-    __slots__ = ("settings", "device", "fresh", "launches", "returns", "allocator")
+    __slots__ = ("settings", "device", "current", "fresh", "launches", "returns", "allocator")
 
-    def __init__(self, settings_, device, fresh, launches, returns, allocator):
-        self.settings, self.device, self.fresh = settings_, device, fresh
+    def __init__(self, settings_, device, current, fresh, launches, returns, allocator):
+        self.settings, self.device, self.current, self.fresh = settings_, device, current, fresh
         self.launches, self.returns, self.allocator = launches, returns, allocator
 
     def __call__(self, inputs) -> tuple:
@@ -83,7 +86,7 @@ class Plan:
             slots.append(torch.empty(shape, dtype=dtype, device=self.device))
         if self.allocator is not None:       # tensor descriptors need Triton's scratch allocator
             self.allocator()                 # set in the launching thread (``tuning.ensure_allocator``)
-        head = (driver.active.get_current_stream(self.device.index),)
+        head = (driver.active.get_current_stream(self.current),)    # the current device's, as a launch uses
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         for launcher, grid, function, metadata, constants, tensor_slots, constexprs in self.launches:
             args = list(constants)
@@ -101,8 +104,9 @@ def record(key, inputs, call, allocator=None):
 
     def observe(direct, grid, args):      # called before the launch: is its kernel already kept?
         if threading.get_ident() == me:
-            entry = direct.compiled.get(direct.kind(args, driver.active.get_current_device()))
-            seen.append((entry, tuple(grid), args))
+            entry = None if getattr(getattr(direct, "raw", None), "pre_run_hooks", None) else \
+                direct.compiled.get(direct.kind(args, driver.active.get_current_device()))
+            seen.append((entry, tuple(grid), args))     # (None: a plain launch, which a replay cannot be)
 
     before = getattr(_launches, "n", 0)
     launch.OBSERVERS.append(observe)
@@ -150,4 +154,5 @@ def _plan_of(seen, inputs, result, allocator):
             returns.append(slot_of[id(t)])
         else:                                   # a result the launches did not write (a cast, a view)
             return None
-    return Plan(settings.current, device, tuple(fresh), tuple(launches), tuple(returns), allocator)
+    return Plan(settings.current, device, driver.active.get_current_device(), tuple(fresh), tuple(launches),
+                tuple(returns), allocator)
