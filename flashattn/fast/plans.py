@@ -137,7 +137,10 @@ def _plan_of(seen, inputs, result, allocator):
             if not isinstance(a, torch.Tensor):
                 continue
             slot = slot_of.get(id(a))
-            if slot is None:                    # an output this call allocated: allocated again per call
+            # An output this call allocated: allocated again per call, with torch.empty -- so a call
+            # whose launches need a zeroed buffer (the fused backward's dQ accumulator) is never
+            # planned (fast_attention_backward plans the two kernels only).
+            if slot is None:
                 if not a.is_contiguous() or a.storage_offset() or a.device != device:
                     return None
                 slot = slot_of[id(a)] = len(inputs) + len(fresh)
