@@ -779,8 +779,8 @@ EDITS = [
      'ring_dkdv_kept', 'match that computation exactly'),
     ('11r', "    for step in range(W):\n        for r in range(W):",
      "    for step in range(W):\n"
-     "        dk_here = [torch.zeros(k[r].shape, dtype=torch.float32) for r in range(W)]\n"
-     "        dv_here = [torch.zeros(v[r].shape, dtype=torch.float32) for r in range(W)]\n"
+     "        dk_here = [torch.zeros_like(k[r], dtype=torch.float32) for r in range(W)]\n"
+     "        dv_here = [torch.zeros_like(v[r], dtype=torch.float32) for r in range(W)]\n"
      "        for r in range(W):",
      'ring_dkdv_reset', 'match that computation exactly'),
     ('11r', "dq[r] += dq_b", "dq[r] = dq_b", 'ring_dq_overwritten', 'match that computation exactly'),
@@ -791,7 +791,7 @@ EDITS = [
     # the factor 1/sqrt(D) / scale of a default scale)
     ('11r', "delta = [(do[r].float() * o[r].float()).sum(-1) for r in range(W)]",
      "delta = [(do[r] * o[r]).sum(-1).float() for r in range(W)]", 'low_precision', "'W=3 contiguous causal 1x2x12 fp16'"),
-    ('11r', "dk_here = [torch.zeros(k[r].shape, dtype=torch.float32) for r in range(W)]",
+    ('11r', "dk_here = [torch.zeros_like(k[r], dtype=torch.float32) for r in range(W)]",
      "dk_here = [torch.zeros_like(k[r]) for r in range(W)]", 'dtype', 'torch.float16'),
 ]
 
