@@ -28,7 +28,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .. import fast, runtime
+from .. import runtime
+from ..ops import pick_impl
 from ..fast.autograd import wants_gradient
 from ..backward import attention_backward_delta, attention_backward_dkdv, attention_backward_dq
 from ..fast.backward import fast_attention_backward
@@ -36,9 +37,6 @@ from ..fast.forward import fast_attention_forward
 from ..forward import attention_forward
 from . import checks
 from .layout import DIAGONAL, EARLY_KEYS, LATE_QUERIES, NOTHING, block_plan
-
-IMPLEMENTATIONS = ("auto", "fast", "teaching")
-
 
 # --------------------------------------------------------------------------------------
 # the ring: who sends to whom
@@ -75,16 +73,8 @@ def wait(requests) -> None:
 # one block: the package's kernels (the fast ones on a GPU, the lesson's in the interpreter)
 # --------------------------------------------------------------------------------------
 def pick_kernels(impl: str, dtype: torch.dtype, head_dim: int) -> str:
-    """"fast" or "teaching" for ``impl`` = "auto" (fast on a GPU where it applies), "fast" or
-    "teaching"; ValueError if "fast" was asked for where it does not apply."""
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {', '.join(map(repr, IMPLEMENTATIONS))}, got {impl!r}")
-    ok, why = fast.supports(dtype, head_dim)
-    if impl == "fast" and not ok:
-        raise ValueError(why)
-    if impl == "auto":
-        return "fast" if ok and not runtime.INTERPRET else "teaching"
-    return impl
+    """"fast" or "teaching": the choice ``flash_attention`` and lesson 09 make (``ops.pick_impl``)."""
+    return pick_impl(impl, dtype, head_dim)
 
 
 def block_forward(q, k, v, causal: bool, scale: float, kernels: str):
