@@ -54,6 +54,20 @@ def fresh_seed(request):
     yield
 
 
+class FakeDriver:
+    """Stands in for ``triton.runtime.driver`` in the CPU tests of direct launches and plans:
+    device 0, stream 1234."""
+
+    class active:
+        @staticmethod
+        def get_current_device():
+            return 0
+
+        @staticmethod
+        def get_current_stream(device):
+            return 1234
+
+
 def rand(*shape, dtype=torch.float32, layout="contiguous", device=DEVICE):
     """Random [B, H, S, D] tensor in a given memory layout (values are the same kind either way).
 

@@ -17,7 +17,7 @@ from flashattn.fast import launch, tuning
 from flashattn.fast.backward import fast_attention_backward, fast_dkdv_kernel, fast_dq_kernel
 from flashattn.fast.forward import fast_attention_forward, fast_fwd_kernel
 
-from conftest import DEVICE, ON_GPU, rand
+from conftest import DEVICE, ON_GPU, FakeDriver, rand
 
 
 def jit_of(kernel) -> JITFunction:
@@ -134,17 +134,6 @@ class FakeKernel:
 
 def jit_of_plain(fn, **kwargs):
     return JITFunction(fn, **kwargs)
-
-
-class FakeDriver:
-    class active:
-        @staticmethod
-        def get_current_device():
-            return 0
-
-        @staticmethod
-        def get_current_stream(device):
-            return 1234
 
 
 @pytest.fixture

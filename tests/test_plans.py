@@ -10,18 +10,7 @@ import torch
 from flashattn import runtime, settings
 from flashattn.fast import launch, plans
 
-from conftest import DEVICE, ON_GPU, rand
-
-
-class FakeDriver:
-    class active:
-        @staticmethod
-        def get_current_device():
-            return 0
-
-        @staticmethod
-        def get_current_stream(device):
-            return 1234
+from conftest import DEVICE, ON_GPU, FakeDriver, rand
 
 
 class FakeDirect:

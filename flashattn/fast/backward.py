@@ -497,16 +497,12 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's.
     A plain fp16/bf16 call of the two kernels replays the launch plan of an earlier call of the
     same signature (``plans.py``: the host's work done once)."""
-    if (fused is not True and config is None and not warmup and layout is None and not window_args[0]
-            and not dropout_p and q.dtype in plans.HALF and plans.enabled()):
-        key = plans.signature((q, k, v, o, do, lse), ("bwd", causal, scale, needs_dq, needs_dkdv))
-        plan = plans.find(key)
-        if plan is not None:
-            return plan((q, k, v, o, do, lse))
-        return plans.record(key, (q, k, v, o, do, lse),
-                            lambda: _launch_backward(q, k, v, o, do, lse, causal, scale, needs_dq, needs_dkdv,
-                                                     fused=False),
-                            allocator=tuning.ensure_allocator if q.shape[-1] == 128 else None)
+    if fused is not True and plans.covers(q, config, warmup, layout, window_args, dropout_p) and plans.enabled():
+        inputs = (q, k, v, o, do, lse)
+        return plans.replay_or_record(plans.signature(inputs, ("bwd", causal, scale, needs_dq, needs_dkdv)), inputs,
+                                      lambda: _launch_backward(q, k, v, o, do, lse, causal, scale, needs_dq,
+                                                               needs_dkdv, fused=False),
+                                      allocator=tuning.ensure_allocator if q.shape[-1] == 128 else None)
     return _launch_backward(q, k, v, o, do, lse, causal, scale, needs_dq, needs_dkdv, fused=fused, config=config,
                             warmup=warmup, layout=layout, window_args=window_args, dropout_p=dropout_p, seed=seed)
 

@@ -248,19 +248,15 @@ def fast_attention_forward(q, k, v, causal: bool, scale: float, *, config=None, 
     A plain fp16/bf16 call replays the launch plan of an earlier call of the same signature
     (``plans.py``: the host's work done once); on Hopper, where it measured faster, it runs the
     Gluon forward of ``flashattn.hopper`` instead (``hopper.preferred``; ``FLASHATTN_GLUON=0`` not)."""
-    plain = (config is None and not warmup and layout is None and not window_args[0] and not dropout_p
-             and q.dtype in plans.HALF)
+    plain = plans.covers(q, config, warmup, layout, window_args, dropout_p)
     if plain and q.shape[-1] in hopper.HEAD_DIMS:     # Hopper, long enough: the Gluon forward (issue 44)
         variant = hopper.preferred(q, k, causal)
         if variant is not None and hopper.supports(q, k, v, causal, scale)[0]:
             return hopper.launch_forward(q, k, v, causal, scale, variant)
     if plain and plans.enabled():
-        key = plans.signature((q, k, v), ("fwd", causal, scale))
-        plan = plans.find(key)
-        if plan is not None:
-            return plan((q, k, v))
-        return plans.record(key, (q, k, v), lambda: _launch_forward(q, k, v, causal, scale),
-                            allocator=tuning.ensure_allocator if q.shape[-1] == 128 else None)
+        return plans.replay_or_record(plans.signature((q, k, v), ("fwd", causal, scale)), (q, k, v),
+                                      lambda: _launch_forward(q, k, v, causal, scale),
+                                      allocator=tuning.ensure_allocator if q.shape[-1] == 128 else None)
     return _launch_forward(q, k, v, causal, scale, config=config, warmup=warmup, layout=layout,
                            window_args=window_args, dropout_p=dropout_p, seed=seed)
 

@@ -46,6 +46,13 @@ def count_launch() -> None:
     _launches.n = getattr(_launches, "n", 0) + 1
 
 
+def covers(q, config, warmup: bool, layout, window_args, dropout_p) -> bool:
+    """Is this a call plans are made for: fp16/bf16, the default tile, not a warm-up, and none of
+    lesson 09's features (packed batches, a window, dropout)? (The launchers' own arguments.)"""
+    return (config is None and not warmup and layout is None and not window_args[0] and not dropout_p
+            and q.dtype in HALF)
+
+
 def enabled() -> bool:
     """May a plan be used (or recorded) now?"""
     return (not runtime.INTERPRET and runtime._guarded is None and not runtime._poison
@@ -69,6 +76,15 @@ def find(key):
     if plan is not None and plan.settings is settings.current:
         return plan
     return None
+
+
+def replay_or_record(key, inputs, call, allocator=None):
+    """The plan kept for ``key`` replayed on ``inputs``; else ``call()`` through the plain path,
+    recording one (``record``)."""
+    plan = find(key)
+    if plan is not None:
+        return plan(inputs)
+    return record(key, inputs, call, allocator)
 
 
 class Plan:
