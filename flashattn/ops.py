@@ -134,17 +134,26 @@ attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The operators' bodies for eager calls (see the module's docstring)."""
+    """The operators' bodies for eager calls (see the module's docstring). The one autograd node
+    of the package's attention (lesson 05's own ``FlashAttentionFunction`` aside, which the
+    lesson prints): ``kernels``, when given, is lesson 09's pair of calls (windows, dropout,
+    packed batches: ``flashattn.beyond.attention.Lesson09Kernels``), run in place of the plain
+    ones; what the node saves and which gradients it returns are the same."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, scale: float, impl: str):
-        o, lse = forward_kernels(q, k, v, causal, scale, impl)
+    def forward(ctx, q, k, v, causal: bool, scale: float, impl: str, kernels=None):
+        if kernels is None:
+            o, lse = forward_kernels(q, k, v, causal, scale, impl)
+        else:
+            o, lse = kernels.forward(q, k, v, causal, scale, impl)
         _setup_context(ctx, (q, k, v, causal, scale, impl), (o, lse))
+        ctx.kernels = kernels
         return o
 
     @staticmethod
     def backward(ctx, do):
-        return _gradients(ctx, do, backward_kernels)
+        backward = backward_kernels if ctx.kernels is None else ctx.kernels.backward
+        return (*_gradients(ctx, do, backward), None)
 
 
 #: tensor types of eager calls; anything else (FakeTensor, FunctionalTensor: tracing) takes the operators

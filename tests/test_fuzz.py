@@ -156,3 +156,39 @@ def test_the_command_line(capsys):
         main(["--seed", "3"])                   # no budget given
     with pytest.raises(SystemExit):
         main(["--problems", "2", "--families", "lesso"])
+
+
+def test_workers_take_the_gpus_of_a_host_in_turn(monkeypatch):
+    """On a host with several GPUs worker i runs on GPU i mod their count, and a worker that
+    replaces one keeps its GPU; with one GPU (or none) the workers leave the device alone."""
+    from flashattn.fuzz import battery
+
+    started = []
+
+    class FakeProcess:                   # stands in for a spawned process: records its arguments
+        def __init__(self, target, args, daemon):
+            started.append(args[3])
+            self.sentinel, self.exitcode = None, None
+
+        def start(self):
+            pass
+
+    class Context:
+        @staticmethod
+        def Process(target, args, daemon):
+            return FakeProcess(target, args, daemon)
+
+        @staticmethod
+        def Pipe():
+            class End:
+                def close(self):
+                    pass
+            return End(), End()
+
+    for gpus, expected in ((3, [0, 1, 2, 0, 1]), (1, [None] * 5), (0, [None] * 5)):
+        started.clear()
+        monkeypatch.setattr(battery, "gpu_count", lambda on_gpu, n=gpus: n)
+        pool = battery._start_pool(Context, 0, ("lesson",), True, 5)
+        assert started == expected
+        again = battery._Worker(Context, 0, ("lesson",), True, pool[4].gpu)
+        assert again.gpu == expected[4]

@@ -7,10 +7,10 @@ packed variable-length batches, on the lesson kernels' design.
                lesson kernels or the fast ones (``impl``), and ``precompile`` for the fast ones
     reference  the float64 oracle, and ``kernels_and_reference`` (both on the same inputs)
 """
-from .attention import BeyondAttentionFunction, flash_attention, flash_attention_varlen, precompile
+from .attention import Lesson09Kernels, flash_attention, flash_attention_varlen, precompile
 from .kernels import dropout_mask
 from .reference import attention_reference, kernels_and_reference, packed_mask, varlen_reference, window_mask
 
-__all__ = ["flash_attention", "flash_attention_varlen", "BeyondAttentionFunction", "dropout_mask", "precompile",
+__all__ = ["flash_attention", "flash_attention_varlen", "Lesson09Kernels", "dropout_mask", "precompile",
            "attention_reference", "varlen_reference", "window_mask", "packed_mask",
            "kernels_and_reference"]

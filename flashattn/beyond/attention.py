@@ -1,17 +1,18 @@
 """Lesson 09's entry points: ``flash_attention`` with windows and dropout on ``[B, H, S, D]``
 tensors, and ``flash_attention_varlen`` on packed ``[total, H, D]`` batches (FlashAttention's
-``cu_seqlens`` layout, as ``torch.nn.attention.varlen.varlen_attn`` takes it). Both go through one
-``torch.autograd.Function`` to either of two kernel families with the same three switches: the
-lesson's kernels of ``kernels.py`` (``impl="teaching"``, what the CPU interpreter runs) or the
-tuned kernels of ``flashattn.fast`` (``impl="fast"``, what a GPU runs by default). Both draw the
-same dropout mask from the same seed (``flashattn.features.dropout_keep``).
+``cu_seqlens`` layout, as ``torch.nn.attention.varlen.varlen_attn`` takes it). Both go through the
+package's one autograd node (``flashattn.ops.EagerAttention``, with ``Lesson09Kernels`` as its
+kernels) to either of two kernel families with the same three switches: the lesson's kernels of
+``kernels.py`` (``impl="teaching"``, what the CPU interpreter runs) or the tuned kernels of
+``flashattn.fast`` (``impl="fast"``, what a GPU runs by default). Both draw the same dropout mask
+from the same seed (``flashattn.features.dropout_keep``).
 """
 from __future__ import annotations
 
 import numbers
 import warnings
 import weakref
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -19,43 +20,41 @@ from .. import runtime
 from ..configs import KernelConfig
 from ..features import DROPOUT_LEVELS, dropout_counters, dropout_threshold
 from ..fast import fast_attention_backward, fast_attention_forward
-from ..ops import pick_impl, traced
+from ..ops import EagerAttention, pick_impl, traced
 from . import ops
 from .kernels import Layout, beyond_backward, beyond_forward, window_bounds
 
-class BeyondAttentionFunction(torch.autograd.Function):
-    """O from q, k, v (4-D views); the backward regenerates P from LSE and Z from the seed.
-    ``mask`` = (causal, window_args): the fast kernels take causal apart from a window (they
-    have a cheaper causal path); the lesson kernels take causal folded into the window."""
+class Lesson09Kernels(NamedTuple):
+    """Lesson 09's kernel calls for ``ops.EagerAttention``: its forward and backward with the
+    features given once here. ``window_args`` = (on, LEFT, RIGHT): the fast kernels take causal
+    apart from a window (they have a cheaper causal path: the node's ``causal``); the lesson
+    kernels take causal folded into the window (the node's ``causal`` is then False)."""
+    layout: Layout
+    window_args: tuple
+    dropout_p: float
+    seed: int
+    config: Optional[KernelConfig]
 
-    @staticmethod
-    def forward(ctx, q, k, v, layout, scale, mask, dropout_p, seed, impl, config):
-        causal, window_args = mask
+    def forward(self, q, k, v, causal: bool, scale: float, impl: str):
+        """(O, LSE); the backward regenerates P from LSE and the dropout mask from the seed."""
         if impl == "fast":
-            o, lse = fast_attention_forward(q, k, v, causal, scale, layout=layout, window_args=window_args,
-                                            dropout_p=dropout_p, seed=seed, config=config)
-        else:
-            o, lse = beyond_forward(q, k, v, layout, scale, window_args, dropout_p, seed, config=config)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (layout, scale, mask, dropout_p, seed, impl, config)
-        return o
+            return fast_attention_forward(q, k, v, causal, scale, layout=self.layout, window_args=self.window_args,
+                                          dropout_p=self.dropout_p, seed=self.seed, config=self.config)
+        return beyond_forward(q, k, v, self.layout, scale, self.window_args, self.dropout_p, self.seed,
+                              config=self.config)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        layout, scale, (causal, window_args), dropout_p, seed, impl, config = ctx.args
+    def backward(self, do, q, k, v, o, lse, causal: bool, scale: float, impl: str, needs_dq: bool, needs_dkdv: bool):
+        """(dQ, dK, dV), all three (the node drops those not asked for)."""
         if impl == "fast":
-            dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, causal, scale, layout=layout,
-                                                 window_args=window_args, dropout_p=dropout_p, seed=seed,
-                                                 config=config)
-        else:
-            dq, dk, dv = beyond_backward(q, k, v, o, do, lse, layout, scale, window_args, dropout_p, seed,
-                                         config=config)
-        return dq, dk, dv, None, None, None, None, None, None, None
+            return fast_attention_backward(q, k, v, o, do, lse, causal, scale, layout=self.layout,
+                                           window_args=self.window_args, dropout_p=self.dropout_p, seed=self.seed,
+                                           config=self.config)
+        return beyond_backward(q, k, v, o, do, lse, self.layout, scale, self.window_args, self.dropout_p,
+                               self.seed, config=self.config)
 
 
 def _kernels(dtype: torch.dtype, head_dim: int, impl: str, window, causal: bool, S_q: int, S_k: int):
-    """(impl, mask) for ``BeyondAttentionFunction``: which family runs, and how it takes the mask."""
+    """(impl, (causal, window_args)): which family runs, and how it takes the mask."""
     impl = pick_impl(impl, dtype, head_dim)
     window_args = window_bounds(window, causal, S_q, S_k)
     if impl == "teaching":
@@ -136,8 +135,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, q.shape[2], k.shape[2])
     if compiled:
         return ops.attention(q_, k_, v_, seed, mask, scale, dropout_p, impl).to(q.dtype)
-    o = BeyondAttentionFunction.apply(q_, k_, v_, Layout(q, k), scale, mask, dropout_p, seed, impl, config)
-    return o.to(q.dtype)
+    causal, window_args = mask
+    kernels = Lesson09Kernels(Layout(q, k), window_args, dropout_p, seed, config)
+    return EagerAttention.apply(q_, k_, v_, causal, scale, impl, kernels).to(q.dtype)
 
 
 #: cu_seqlens already read: id -> (weak reference, version, offsets). Reading a GPU tensor's
@@ -206,7 +206,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q_, k_, v_ = _in_kernel_dtype(q4, k4, v4)
     layout = Layout(q_, k_, cu_q, cu_k, max(max(lens_q), 1), max(max(lens_k), 1))
     impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, layout.S_q, layout.S_k)
-    o = BeyondAttentionFunction.apply(q_, k_, v_, layout, scale, mask, dropout_p, seed, impl, config)
+    causal, window_args = mask
+    o = EagerAttention.apply(q_, k_, v_, causal, scale, impl, Lesson09Kernels(layout, window_args, dropout_p, seed, config))
     return o[0].permute(1, 0, 2).to(q.dtype)
 
 

@@ -31,7 +31,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--sizes", choices=("cpu", "gpu"), default=None,
                     help="draw at the interpreter's small sizes or a GPU's (default: where the kernels run)")
     ap.add_argument("--workers", type=int, default=None,
-                    help="processes (default: 1 on the CPU, one per two cores on a GPU, at most 12)")
+                    help="processes (default: 1 on the CPU, one per two cores on GPUs, at most 12 per GPU; "
+                         "on several GPUs worker i uses GPU i mod their count)")
     ap.add_argument("--out", type=Path, default=None,
                     help="write the summary as JSON here (a folder: fuzz_<device>_seed<S>.json in it)")
     args = ap.parse_args(argv)

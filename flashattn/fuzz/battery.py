@@ -5,7 +5,8 @@ reference (:func:`judge`); beside the values, no NaN or inf, no element of any o
 unwritten (outputs start as NaN), no store into the guard regions around every output, no
 write into an input or the NaN around it. A failure is reported with the one line that
 rebuilds it. On a GPU the problems run in worker processes: a kernel's illegal access poisons
-its process's CUDA context for good, so the worker that met one reports it and is replaced.
+its process's CUDA context for good, so the worker that met one reports it and is replaced. On a
+host with several GPUs the workers take them in turn (worker i on GPU i mod the count).
 """
 from __future__ import annotations
 
@@ -197,16 +198,19 @@ def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] =
             _advance(bar, result)
     if bar is not None:
         bar.close()
-    return summarize(results, seed, time.monotonic() - t0, workers)
+    return summarize(results, seed, time.monotonic() - t0, workers, gpus=gpu_count(on_gpu))
 
 
 # --------------------------------------------------------------------------------------
 # worker processes
 # --------------------------------------------------------------------------------------
-def _worker(seed: int, families: tuple, on_gpu: bool, conn) -> None:
+def _worker(seed: int, families: tuple, on_gpu: bool, gpu: Optional[int], conn) -> None:
     """A worker process: problems by index from ``conn`` until told to stop (None); each result
     goes back on ``conn`` (a pipe: sent before this process can exit). After a problem that
-    lost the CUDA context it exits, and the parent starts another."""
+    lost the CUDA context it exits, and the parent starts another. ``gpu``: the GPU its
+    tensors and kernels use (None: the current one)."""
+    if gpu is not None:
+        torch.cuda.set_device(gpu)
     while True:
         index = conn.recv()
         if index is None:
@@ -219,9 +223,10 @@ def _worker(seed: int, families: tuple, on_gpu: bool, conn) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx, seed, families, on_gpu):
+    def __init__(self, ctx, seed, families, on_gpu, gpu):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(seed, families, on_gpu, child), daemon=True)
+        self.gpu = gpu
+        self.proc = ctx.Process(target=_worker, args=(seed, families, on_gpu, gpu, child), daemon=True)
         self.proc.start()
         child.close()
         self.index, self.since = None, 0.0       # the problem it was given, and when
@@ -231,13 +236,19 @@ class _Worker:
         self.index, self.since = index, time.monotonic()
 
 
+def _start_pool(ctx, seed: int, families: tuple, on_gpu: bool, workers: int) -> list:
+    """``workers`` worker processes; on a host with several GPUs worker i uses GPU i mod their count."""
+    gpus = gpu_count(on_gpu)
+    return [_Worker(ctx, seed, families, on_gpu, i % gpus if gpus > 1 else None) for i in range(workers)]
+
+
 def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: float, on_gpu: bool):
     """Yield the results of problems ``indices`` run in ``workers`` processes (spawned: each
     initialises CUDA itself) until the indices or the time run out. The parent knows which
     worker holds which problem; one that dies (a CUDA error, a crash) or overruns
     PROBLEM_TIMEOUT_S is replaced, and a problem it held without answering is a failure."""
     ctx = multiprocessing.get_context("spawn")
-    pool = [_Worker(ctx, seed, families, on_gpu) for _ in range(workers)]
+    pool = _start_pool(ctx, seed, families, on_gpu, workers)
     indices = iter(indices)
     exhausted = False
     try:
@@ -266,7 +277,7 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
                         yield result
                         if result.get("context_lost"):
                             w.proc.join(5)
-                            pool[i] = _Worker(ctx, seed, families, on_gpu)
+                            pool[i] = _Worker(ctx, seed, families, on_gpu, w.gpu)
                         continue
                 overdue = time.monotonic() - w.since > PROBLEM_TIMEOUT_S
                 if not w.proc.is_alive() or overdue:
@@ -275,7 +286,7 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
                     why = (f"ran over {PROBLEM_TIMEOUT_S} s" if overdue
                            else f"the worker process died (exit code {w.proc.exitcode}) running it")
                     yield _lost(seed, w.index, families, on_gpu, why)
-                    pool[i] = _Worker(ctx, seed, families, on_gpu)
+                    pool[i] = _Worker(ctx, seed, families, on_gpu, w.gpu)
     finally:
         for w in pool:
             if w.proc.is_alive():
@@ -286,6 +297,11 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
                 w.proc.join(2)
                 if w.proc.is_alive():
                     w.proc.kill()
+
+
+def gpu_count(on_gpu: bool) -> int:
+    """How many GPUs the workers share (0 on the CPU)."""
+    return torch.cuda.device_count() if on_gpu and not runtime.INTERPRET and torch.cuda.is_available() else 0
 
 
 def _lost(seed: int, index: int, families: tuple, on_gpu: bool, why: str) -> dict:
@@ -311,18 +327,21 @@ def _advance(bar, result):
             bar.write(f"FAIL {result['reproducer']}\n     " + "\n     ".join(result["failures"]))
 
 
-def summarize(results: list, seed: int, seconds: float, workers: int) -> dict:
+def summarize(results: list, seed: int, seconds: float, workers: int, gpus: int = 0) -> dict:
     from ..bench_common import environment
 
-    per_family = {}
+    per_family, busy = {}, {}
     for r in results:
         counts = per_family.setdefault(r["family"], {"pass": 0, "fail": 0, "skipped": 0})
         counts[r["status"]] += 1
+        busy[r["family"]] = busy.get(r["family"], 0.0) + r.get("seconds", 0.0)
     skipped = {r["family"]: r["why"] for r in results if r["status"] == "skipped"}
     failures = sorted((r for r in results if r["status"] == "fail"), key=lambda r: r["index"])
     ran = sum(1 for r in results if r["status"] != "skipped")
     return {"seed": seed, "problems": ran, "failed": len(failures), "seconds": round(seconds, 1),
-            "workers": workers, "per_family": per_family, "skipped_families": skipped,
+            "workers": workers, "gpus": gpus, "per_family": per_family,
+            "worker_seconds_per_family": {f: round(t, 1) for f, t in sorted(busy.items())},
+            "skipped_families": skipped,
             "failures": failures, **environment()}
 
 
@@ -335,7 +354,7 @@ def one_line(summary: dict) -> str:
 
 
 def default_workers() -> int:
-    """On a GPU: one process per two CPU cores, at most 12 (they share the GPU); 1 on the CPU."""
+    """On GPUs: one process per two CPU cores, at most 12 per GPU (they share it); 1 on the CPU."""
     if runtime.INTERPRET:
         return 1
-    return max(1, min(12, (os.cpu_count() or 2) // 2))
+    return max(1, min(12 * max(1, gpu_count(True)), (os.cpu_count() or 2) // 2))
