@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from flashattn import runtime
 from flashattn.distributed import layout, merge_, ring_attention, shard, unshard, workers
 from flashattn.distributed.checks import backend_carries
 from flashattn.distributed.workers import case, case_name
@@ -197,6 +198,8 @@ def test_merge_is_safe_far_apart():
 # the GPU side's plumbing, on the CPU: the benchmark (gloo, the interpreter), its arithmetic,
 # the self-test's report
 # --------------------------------------------------------------------------------------
+@pytest.mark.skipif(not runtime.INTERPRET, reason="--dry-run-cpu is the bench's plumbing on a machine without a GPU "
+                    "(there, tests/test_distributed_gpu.py runs the real thing)")
 def test_bench_runs_end_to_end_on_the_cpu(tmp_path):
     from flashattn.distributed import bench
 

@@ -38,16 +38,17 @@ def test_a_budget_of_problems_from_every_family_passes():
     ("lazy.lazy_bwd_dkdv_kernel.do_head_stride", "lazy"),
 ])
 def test_planted_bugs_are_found_with_a_reproducer(bug, family, capsys):
+    # planted where the problems run (on a GPU: in the worker processes)
+    summary = run(seed=11, problems=16, families=(family,), progress=False, plant=(bug,))
+    assert summary["failed"] >= 1, f"{bug} passed {summary['problems']} problems"
+    first = summary["failures"][0]
+    # the reproducer's seed and index rebuild the very problem, which fails again
+    sizes = "gpu" if ON_GPU else "cpu"
+    assert first["reproducer"].startswith(
+        f"python -m flashattn.fuzz --seed 11 --problem {first['index']} --families {family} --sizes {sizes}   # ")
+    if bug == "dq.store_without_row_mask":
+        assert any("guard elements written" in line for f in summary["failures"] for line in f["failures"])
     with planted.plant(bug):
-        summary = run(seed=11, problems=16, families=(family,), progress=False)
-        assert summary["failed"] >= 1, f"{bug} passed {summary['problems']} problems"
-        first = summary["failures"][0]
-        # the reproducer's seed and index rebuild the very problem, which fails again
-        sizes = "gpu" if ON_GPU else "cpu"
-        assert first["reproducer"].startswith(
-            f"python -m flashattn.fuzz --seed 11 --problem {first['index']} --families {family} --sizes {sizes}   # ")
-        if bug == "dq.store_without_row_mask":
-            assert any("guard elements written" in line for f in summary["failures"] for line in f["failures"])
         again = check_problem(draw(11, first["index"], on_gpu=ON_GPU, families=(family,)))
         assert again["status"] == "fail" and again["problem"] == first["problem"]
     assert check_problem(draw(11, first["index"], on_gpu=ON_GPU, families=(family,)))["status"] == "pass"

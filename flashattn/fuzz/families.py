@@ -35,6 +35,21 @@ class Outcome:
     per_head_param: tuple = ()              # names shaped [H, ...] (lazy attention's parameters): per head
     dtype: Optional[torch.dtype] = None     # the precision to judge by (default: the problem's)
     logits: float = 1.0                     # a bound on |S| = |q.k| * scale: large logits amplify rounding
+    kink: dict = dataclasses.field(default_factory=dict)    # name -> what flipped ReLU gates may move, per row
+
+
+#: where dQ and dK cancel to ~0, the error allowed is this many units of the products' rounding
+#: times the size of the terms that make them up, in quadrature (families.term_sizes)
+ROUNDING_UNITS = 4.0
+#: the rounding unit of the kernels' products: half precision's epsilon; for fp32 inputs the
+#: coarsest default GPU products (tf32x3: three TF32 products, about 1e-6 relative error each)
+PRODUCT_UNIT = {torch.float16: torch.finfo(torch.float16).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps,
+                torch.float32: 1e-6, torch.float64: 1e-15}
+#: the rounding unit of S = Q K^T: fp32 accumulation of exact products for fp16/bf16 inputs, the
+#: split products' (tf32x3, bf16x6) for fp32 ones
+SCORE_UNIT = {torch.float16: 2.0 ** -23, torch.bfloat16: 2.0 ** -23, torch.float32: 1e-6, torch.float64: 1e-15}
+#: float32's epsilon: P = exp(S - LSE) and the shift tau/(i+1) are computed in fp32 by the kernels
+F32_EPS = torch.finfo(torch.float32).eps
 
 
 def logit_bound(q, k, scale: Optional[float]) -> float:
@@ -239,9 +254,36 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
             size["dQ"][0, h, rows] = rows_dq
             size["dK"][0, h // group, keys] += rows_dk ** 2
     size["dK"] = size["dK"].sqrt()
+    floor = {} if p.dropout_p else varlen_floor(p, q, k, v, do, ref, zip(lens_q, lens_k, starts_q, starts_k))
     as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}      # [1, H, total, D], as judged
-    return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, size=size,
+    return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, floor, size=size,
                    logits=logit_bound(q, k, p.scale))
+
+
+def varlen_floor(p: Problem, q, k, v, do, ref: dict, sequences) -> dict:
+    """SDPA's error per row on a packed batch: each sequence as the dense problem it is
+    (``[1, H, s, D]``), laid out as the packed rows are judged (``[1, H, total]``). Empty where a
+    sequence has no SDPA twin (rows that see no key). ``sequences``: (s_q, s_k, start_q, start_k)."""
+    rows_of = {"O": q, "dQ": q, "dK": k, "dV": k}
+    floor = {n: torch.zeros(1, t.shape[1], t.shape[0], dtype=torch.float64, device=q.device) for n, t in rows_of.items()}
+
+    def dense(x, start, length):
+        return x[start:start + length].permute(1, 0, 2)[None]
+
+    for sq, sk, a_q, a_k in sequences:
+        if sq == 0:
+            continue
+        if sk == 0:
+            return {}
+        part = sdpa_floor(dataclasses.replace(p, S_q=sq, S_k=sk), dense(q, a_q, sq), dense(k, a_k, sk),
+                          dense(v, a_k, sk), dense(do, a_q, sq),
+                          {n: dense(ref[n], *((a_q, sq) if rows_of[n] is q else (a_k, sk))) for n in rows_of})
+        if not part:
+            return {}
+        for n, rows in part.items():
+            start, length = (a_q, sq) if rows_of[n] is q else (a_k, sk)
+            floor[n][..., start:start + length] = rows
+    return floor
 
 
 def run_lazy(p: Problem, t: dict) -> Outcome:
@@ -260,35 +302,58 @@ def run_lazy(p: Problem, t: dict) -> Outcome:
         low = lazy_gradients_per_batch(q, k, v, bias, tau, do, scale=p.scale, dtype=q.dtype)
         floor = {n: (head_norms(low[n].double() - ref[n], 1) if n in ("dBias", "dTau")
                      else row_norms(low[n].double() - ref[n])) for n in got}
-    return Outcome(got, ref, floor, lazy_term_sizes(q, k, v, bias, tau, do, p.scale),
-                   per_head_param=("dBias", "dTau"), logits=logit_bound(q, k, p.scale) + float(bias.abs().max()))
+    size, kink = lazy_term_sizes(q, k, v, bias, tau, do, p.scale)
+    return Outcome(got, ref, floor, size, per_head_param=("dBias", "dTau"),
+                   logits=logit_bound(q, k, p.scale) + float(bias.abs().max()), kink=kink)
 
 
 @torch.no_grad()
-def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> dict:
-    """:func:`term_sizes` for lazy attention, whose dS = P (dP - delta) has dP = dO V^T where the
-    ReLU lets A through; per batch element, every head at once. dTau = sum_i rowsum(dP_i) / (i+1)
-    and dBias[h, d] = the sum of dS along diagonal d add up many terms of both signs (and a gate
-    that flips on a last bit moves a whole term): their sizes are those terms' in quadrature."""
+def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> tuple[dict, dict]:
+    """(sizes, kink): :func:`term_sizes` for lazy attention, whose dS = P (dP - delta) has
+    dP = dO V^T where the ReLU lets A through; per batch element, every head at once.
+    dTau = sum_i rowsum(dP_i) / (i+1) and dBias[h, d] = the sum of dS along diagonal d add up
+    many terms of both signs (and a gate that flips on a last bit moves a whole term): their
+    sizes are those terms' in quadrature.
+
+    ``kink``, per row of dQ and of dK: where P + tau/(i+1) lies within rounding of 0 (S's
+    rounding carried into P, and fp32's own), the gate is a coin toss for any finite precision,
+    and flipping it moves dP_ij by dA_ij: dQ_i by scale * P_ij |dA_ij| (|k_j| + |sum_l P_il k_l|)
+    (the term and its share of delta), dK_j likewise. Those are allowed on top (rows with no gate
+    near its kink get 0). On an H200, seed 3, two problems of 1,569 met one such gate."""
     from ..lazy.reference import diagonal_sums, lazy_attention_reference
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     W, L = bias.shape[1] - 1, q.shape[2]
     i = torch.arange(L, device=q.device)
     sizes = {"dQ": [], "dK": [], "dTau": 0.0, "dBias": 0.0}
+    kink = {"dQ": [], "dK": []}
+    unit = SCORE_UNIT[q.dtype]
     for b in range(q.shape[0]):
         qb, kb, vb, dob = (x[b:b + 1].double() for x in (q, k, v, do))
         parts = lazy_attention_reference(qb, kb, vb, bias, tau, scale=scale, return_parts=True)
         shift = tau.double()[:, None, None] / (i + 1).double()[:, None]
-        gate = (parts.P + shift > 0) & (i[None, :] <= i[:, None])
-        dp = torch.where(gate, dob @ vb.transpose(-1, -2), 0.0)
+        causal = i[None, :] <= i[:, None]
+        gate = (parts.P + shift > 0) & causal
+        da = dob @ vb.transpose(-1, -2)
+        dp = torch.where(gate, da, 0.0)
+        # the gates on their kink, and what flipping each would move
+        s_err = unit * (qb.abs() @ kb.abs().transpose(-1, -2)) * scale       # S's rounding, bounded
+        margin = ROUNDING_UNITS * (parts.P * s_err + F32_EPS * (parts.P + shift.abs()))
+        moved = torch.where(causal & ((parts.P + shift).abs() <= margin), parts.P * da.abs(), 0.0)
+        q_norm, k_norm = qb.norm(dim=-1), kb.norm(dim=-1)
+        mixed_k = (parts.P @ kb).norm(dim=-1)                                # |sum_l P_il k_l|
+        moved = 2.0 * moved                                                  # (headroom: a bound, not the flip)
+        kink["dQ"].append(scale * (moved * (k_norm[..., None, :] + mixed_k[..., :, None])).sum(-1))
+        kink["dK"].append(scale * ((moved * q_norm[..., :, None]).sum(-2)
+                                   + (parts.P * (moved.sum(-1) * q_norm)[..., :, None]).sum(-2)))
         t2 = (parts.P * (dp.abs() + (parts.P * dp).sum(-1, keepdim=True).abs())) ** 2
         sizes["dQ"].append(scale * (t2 @ (kb * kb)).sum(-1).sqrt())
         sizes["dK"].append(scale * (t2.transpose(-1, -2) @ (qb * qb)).sum(-1).sqrt())
         sizes["dTau"] = sizes["dTau"] + ((dp / (i + 1).double()[:, None]) ** 2).sum((-1, -2))[0]
         sizes["dBias"] = sizes["dBias"] + diagonal_sums(t2[0], min(W, L - 1)).sum(-1)
-    return {"dQ": torch.cat(sizes["dQ"]), "dK": torch.cat(sizes["dK"]), "dTau": sizes["dTau"].sqrt(),
-            "dBias": torch.as_tensor(sizes["dBias"]).sqrt()}
+    return ({"dQ": torch.cat(sizes["dQ"]), "dK": torch.cat(sizes["dK"]), "dTau": sizes["dTau"].sqrt(),
+             "dBias": torch.as_tensor(sizes["dBias"]).sqrt()},
+            {n: torch.cat(rows) for n, rows in kink.items()})
 
 
 def run_sdpa(p: Problem, t: dict) -> Outcome:
