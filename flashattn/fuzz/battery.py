@@ -295,16 +295,18 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
                            else f"the worker process died (exit code {w.proc.exitcode}) running it")
                     yield _lost(seed, w.index, families, on_gpu, why)
                     pool[i] = _Worker(ctx, seed, families, on_gpu, w.gpu, plant)
-    finally:
+    finally:                      # every worker told at once, then a few seconds for all together
         for w in pool:
             if w.proc.is_alive():
                 try:
                     w.conn.send(None)
                 except (BrokenPipeError, OSError):
                     pass
-                w.proc.join(2)
-                if w.proc.is_alive():
-                    w.proc.kill()
+        end = time.monotonic() + 5
+        for w in pool:
+            w.proc.join(max(0.0, end - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.kill()
 
 
 def gpu_count(on_gpu: bool) -> int:

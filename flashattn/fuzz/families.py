@@ -318,15 +318,16 @@ def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> tuple[dict, dict]:
     ``kink``, per row of dQ and of dK: where P + tau/(i+1) lies within rounding of 0 (S's
     rounding carried into P, and fp32's own), the gate is a coin toss for any finite precision,
     and flipping it moves dP_ij by dA_ij: dQ_i by scale * P_ij |dA_ij| (|k_j| + |sum_l P_il k_l|)
-    (the term and its share of delta), dK_j likewise. Those are allowed on top (rows with no gate
-    near its kink get 0). On an H200, seed 3, two problems of 1,569 met one such gate."""
+    (the term and its share of delta), dK_j likewise, dTau by dA_ij / (i+1), dBias by up to
+    2 P_ij |dA_ij|. Those are allowed on top, twice over (rows and heads with no gate near its
+    kink get 0). On H200s, two problems of seed 3 (dQ, dK) and one of seed 5 (dTau) met such gates."""
     from ..lazy.reference import diagonal_sums, lazy_attention_reference
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     W, L = bias.shape[1] - 1, q.shape[2]
     i = torch.arange(L, device=q.device)
     sizes = {"dQ": [], "dK": [], "dTau": 0.0, "dBias": 0.0}
-    kink = {"dQ": [], "dK": []}
+    kink = {"dQ": [], "dK": [], "dTau": 0.0, "dBias": 0.0}
     unit = SCORE_UNIT[q.dtype]
     for b in range(q.shape[0]):
         qb, kb, vb, dob = (x[b:b + 1].double() for x in (q, k, v, do))
@@ -339,13 +340,17 @@ def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> tuple[dict, dict]:
         # the gates on their kink, and what flipping each would move
         s_err = unit * (qb.abs() @ kb.abs().transpose(-1, -2)) * scale       # S's rounding, bounded
         margin = ROUNDING_UNITS * (parts.P * s_err + F32_EPS * (parts.P + shift.abs()))
-        moved = torch.where(causal & ((parts.P + shift).abs() <= margin), parts.P * da.abs(), 0.0)
+        near = causal & ((parts.P + shift).abs() <= margin)
+        moved = 2.0 * torch.where(near, parts.P * da.abs(), 0.0)            # twice what a flip moves: headroom
         q_norm, k_norm = qb.norm(dim=-1), kb.norm(dim=-1)
         mixed_k = (parts.P @ kb).norm(dim=-1)                                # |sum_l P_il k_l|
-        moved = 2.0 * moved                                                  # (headroom: a bound, not the flip)
         kink["dQ"].append(scale * (moved * (k_norm[..., None, :] + mixed_k[..., :, None])).sum(-1))
         kink["dK"].append(scale * ((moved * q_norm[..., :, None]).sum(-2)
                                    + (parts.P * (moved.sum(-1) * q_norm)[..., :, None]).sum(-2)))
+        # dTau moves by the flipped dA_ij / (i+1); dBias by P_ij dA_ij on its diagonal plus the
+        # row's delta spread over the row (at most as much again)
+        kink["dTau"] = kink["dTau"] + 2.0 * torch.where(near, da.abs() / (i + 1).double()[:, None], 0.0).sum((-1, -2))[0]
+        kink["dBias"] = kink["dBias"] + 2.0 * moved.sum((-1, -2))[0]
         t2 = (parts.P * (dp.abs() + (parts.P * dp).sum(-1, keepdim=True).abs())) ** 2
         sizes["dQ"].append(scale * (t2 @ (kb * kb)).sum(-1).sqrt())
         sizes["dK"].append(scale * (t2.transpose(-1, -2) @ (qb * qb)).sum(-1).sqrt())
@@ -353,7 +358,8 @@ def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> tuple[dict, dict]:
         sizes["dBias"] = sizes["dBias"] + diagonal_sums(t2[0], min(W, L - 1)).sum(-1)
     return ({"dQ": torch.cat(sizes["dQ"]), "dK": torch.cat(sizes["dK"]), "dTau": sizes["dTau"].sqrt(),
              "dBias": torch.as_tensor(sizes["dBias"]).sqrt()},
-            {n: torch.cat(rows) for n, rows in kink.items()})
+            {"dQ": torch.cat(kink["dQ"]), "dK": torch.cat(kink["dK"]), "dTau": torch.as_tensor(kink["dTau"]),
+             "dBias": torch.as_tensor(kink["dBias"])})
 
 
 def run_sdpa(p: Problem, t: dict) -> Outcome:
