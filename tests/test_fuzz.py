@@ -5,6 +5,7 @@ must be found, with a reproducer that rebuilds the failing problem. On a GPU the
 more problems at realistic sizes (``python -m flashattn.fuzz --minutes N`` runs many more).
 """
 import collections
+import json
 import dataclasses
 
 import pytest
@@ -211,3 +212,16 @@ def test_a_lazy_gate_on_its_kink_is_allowed_its_term():
     assert kink["dQ"][0, 0, 3] > 0 and kink["dK"][0, 0, 1] > 0
     assert torch.count_nonzero(kink["dQ"][0, 0]) == 1 and torch.count_nonzero(kink["dQ"][0, 1]) == 0
     assert kink["dTau"][0] > 0 and kink["dTau"][1] == 0 and kink["dBias"][0] > 0 and kink["dBias"][1] == 0
+
+
+def test_a_run_leaves_its_record_while_it_runs(tmp_path):
+    """A run cut short by its caller's clock (a device's time limit) still leaves its record: the
+    summary so far is handed over while it runs, and --out rewrites the file with it."""
+    seen = []
+    summary = run(seed=4, problems=3, families=("lesson",), progress=False, on_summary=seen.append, every_s=0)
+    assert [s["problems"] for s in seen] == [1, 2, 3] and not any(s["finished"] for s in seen)
+    assert summary["finished"] and summary["problems"] == 3
+    assert main(["--problems", "2", "--seed", "4", "--families", "lesson", "--out", str(tmp_path)]) == 0
+    (written,) = tmp_path.glob("fuzz_*_seed4.json")
+    record = json.loads(written.read_text())
+    assert record["finished"] and record["problems"] == 2

@@ -34,7 +34,8 @@ def main(argv: Optional[list] = None) -> int:
                     help="processes (default: 1 on the CPU, one per two cores on GPUs, at most 12 per GPU; "
                          "on several GPUs worker i uses GPU i mod their count)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="write the summary as JSON here (a folder: fuzz_<device>_seed<S>.json in it)")
+                    help="write the summary as JSON here (a folder: fuzz_<device>_seed<S>.json in it); "
+                         "rewritten every 30 s while the run lasts (\"finished\": false)")
     args = ap.parse_args(argv)
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
     unknown = [f for f in families if f not in FAMILIES]
@@ -57,18 +58,22 @@ def main(argv: Optional[list] = None) -> int:
         return 0 if result["status"] != "fail" else 1
     if args.minutes is None and args.problems is None:
         ap.error("give --minutes, --problems or --problem")
-    summary = run(args.seed, problems=args.problems, minutes=args.minutes, families=families,
-                  workers=args.workers or default_workers(), start=args.start, on_gpu=on_gpu)
-    for failure in summary["failures"]:
-        print(f"FAIL {failure['reproducer']}", *failure["failures"], sep="\n     ")
-    print(one_line(summary))
-    if args.out is not None:
+    def save(summary: dict) -> Path:     # (every 30 s while it runs, then once more at the end)
         from ..bench_common import device_slug
 
         path = args.out if args.out.suffix == ".json" else args.out / f"fuzz_{device_slug(summary['device'])}_seed{args.seed}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=1) + "\n")
-        print(f"wrote {path}")
+        return path
+
+    summary = run(args.seed, problems=args.problems, minutes=args.minutes, families=families,
+                  workers=args.workers or default_workers(), start=args.start, on_gpu=on_gpu,
+                  on_summary=save if args.out is not None else None)
+    for failure in summary["failures"]:
+        print(f"FAIL {failure['reproducer']}", *failure["failures"], sep="\n     ")
+    print(one_line(summary))
+    if args.out is not None:
+        print(f"wrote {save(summary)}")
     return 1 if summary["failed"] else 0
 
 

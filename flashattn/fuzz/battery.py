@@ -168,14 +168,16 @@ def _check_index(seed: int, index: int, families: tuple, on_gpu: bool) -> dict:
 
 def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] = None,
         families: Iterable[str] = FAMILIES, workers: int = 1, start: int = 0, progress: bool = True,
-        on_gpu: Optional[bool] = None, plant: tuple = ()) -> dict:
+        on_gpu: Optional[bool] = None, plant: tuple = (), on_summary=None, every_s: float = 30.0) -> dict:
     """Problems ``start, start+1, ...`` of the battery ``seed`` until ``problems`` ran or
     ``minutes`` passed, whichever comes first. On a GPU they always run in worker processes
     (``workers`` of them, sharing the GPU: compiling, the float64 references and the host work
     overlap), so that a poisoned CUDA context costs one worker, not the run. ``on_gpu``: draw at
     a GPU's sizes (default: where the kernels run). ``plant``: names of ``flashattn.planted`` bugs
     planted in every process that runs problems (a worker process would not see a bug planted in
-    its parent: the battery's own tests). Returns the summary: counts per family,
+    its parent: the battery's own tests). ``on_summary(summary)`` is called every ``every_s``
+    seconds with the summary so far (``"finished": False``), so that a run cut short by its
+    caller's clock still leaves its record. Returns the summary: counts per family,
     every failure with its reproducer, device and versions."""
     families = tuple(families)
     draw(seed, start, on_gpu=False, families=families)          # names bad families before anything runs
@@ -186,18 +188,25 @@ def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] =
     indices = range(start, start + problems) if problems is not None else itertools.count(start)
     results = []
     bar = _bar(problems, progress)
-    t0 = time.monotonic()
+    t0 = saved = time.monotonic()
+
+    def advance(result):
+        nonlocal saved
+        results.append(result)
+        _advance(bar, result)
+        if on_summary is not None and time.monotonic() - saved >= every_s:
+            saved = time.monotonic()
+            on_summary(summarize(results, seed, saved - t0, workers, gpus=gpu_count(on_gpu), finished=False))
+
     if workers <= 1 and runtime.INTERPRET:
         with planted.plant(*plant):
             for index in indices:
                 if time.monotonic() >= deadline:
                     break
-                results.append(_check_index(seed, index, families, on_gpu))
-                _advance(bar, results[-1])
+                advance(_check_index(seed, index, families, on_gpu))
     else:
         for result in _in_workers(seed, indices, families, max(1, workers), deadline, on_gpu, tuple(plant)):
-            results.append(result)
-            _advance(bar, result)
+            advance(result)
     if bar is not None:
         bar.close()
     return summarize(results, seed, time.monotonic() - t0, workers, gpus=gpu_count(on_gpu))
@@ -337,7 +346,7 @@ def _advance(bar, result):
             bar.write(f"FAIL {result['reproducer']}\n     " + "\n     ".join(result["failures"]))
 
 
-def summarize(results: list, seed: int, seconds: float, workers: int, gpus: int = 0) -> dict:
+def summarize(results: list, seed: int, seconds: float, workers: int, gpus: int = 0, finished: bool = True) -> dict:
     from ..bench_common import environment
 
     per_family, busy = {}, {}
@@ -348,7 +357,7 @@ def summarize(results: list, seed: int, seconds: float, workers: int, gpus: int 
     skipped = {r["family"]: r["why"] for r in results if r["status"] == "skipped"}
     failures = sorted((r for r in results if r["status"] == "fail"), key=lambda r: r["index"])
     ran = sum(1 for r in results if r["status"] != "skipped")
-    return {"seed": seed, "problems": ran, "failed": len(failures), "seconds": round(seconds, 1),
+    return {"seed": seed, "finished": finished, "problems": ran, "failed": len(failures), "seconds": round(seconds, 1),
             "workers": workers, "gpus": gpus, "per_family": per_family,
             "worker_seconds_per_family": {f: round(t, 1) for f, t in sorted(busy.items())},
             "skipped_families": skipped,
