@@ -14,8 +14,8 @@ Which kernels run is an argument of the operators (``impl``: "fast" or "teaching
 ``pick_impl`` from the inputs; a gradient nobody asked for is not computed (the operator
 returns an empty tensor in its place, which autograd turns back into None).
 
-Eager calls skip the operators and run the same two functions through a plain
-``torch.autograd.Function``: PyTorch wraps a custom operator's body so that TorchDynamo stays
+Eager calls skip the operators and run the same two functions (or lesson 09's, for windows,
+dropout and packed batches) through a plain ``torch.autograd.Function``: PyTorch wraps a custom operator's body so that TorchDynamo stays
 out of it, and the first call of such a body imports TorchDynamo (sympy and all: 1-2 s with
 Python's bytecode cached, 5 s without), a price an eager training loop need not pay.
 """
@@ -134,11 +134,12 @@ attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The operators' bodies for eager calls (see the module's docstring). The one autograd node
-    of the package's attention (lesson 05's own ``FlashAttentionFunction`` aside, which the
-    lesson prints): ``kernels``, when given, is lesson 09's pair of calls (windows, dropout,
-    packed batches: ``flashattn.beyond.attention.Lesson09Kernels``), run in place of the plain
-    ones; what the node saves and which gradients it returns are the same."""
+    """The operators' bodies for eager calls (see the module's docstring): the one autograd node
+    of softmax attention on one device (lesson 05's ``FlashAttentionFunction``, which the lesson
+    prints, aside; lazy attention and the ring are other operations, with nodes of their own).
+    ``kernels``, when given, is lesson 09's pair of calls (windows, dropout, packed batches:
+    ``flashattn.beyond.attention.Lesson09Kernels``), run in place of the plain ones; what the
+    node saves and which gradients it returns are the same."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal: bool, scale: float, impl: str, kernels=None):

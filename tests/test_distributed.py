@@ -198,8 +198,8 @@ def test_merge_is_safe_far_apart():
 # the GPU side's plumbing, on the CPU: the benchmark (gloo, the interpreter), its arithmetic,
 # the self-test's report
 # --------------------------------------------------------------------------------------
-@pytest.mark.skipif(not runtime.INTERPRET, reason="--dry-run-cpu is the bench's plumbing on a machine without a GPU "
-                    "(there, tests/test_distributed_gpu.py runs the real thing)")
+@pytest.mark.skipif(not runtime.INTERPRET, reason="--dry-run-cpu is the bench's plumbing on a machine without a GPU; "
+                    "on GPUs, python -m flashattn.distributed.bench --quick runs the bench itself")
 def test_bench_runs_end_to_end_on_the_cpu(tmp_path):
     from flashattn.distributed import bench
 

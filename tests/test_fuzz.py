@@ -162,14 +162,15 @@ def test_the_command_line(capsys):
 
 def test_workers_take_the_gpus_of_a_host_in_turn(monkeypatch):
     """On a host with several GPUs worker i runs on GPU i mod their count, and a worker that
-    replaces one keeps its GPU; with one GPU (or none) the workers leave the device alone."""
+    replaces one (which died, or lost its CUDA context) keeps its GPU and its planted bugs; with
+    one GPU (or none) the workers leave the device alone."""
     from flashattn.fuzz import battery
 
     started = []
 
     class FakeProcess:                   # stands in for a spawned process: records its arguments
         def __init__(self, target, args, daemon):
-            started.append(args[3])
+            started.append(args[3:5])    # (gpu, plant)
             self.sentinel, self.exitcode = None, None
 
         def start(self):
@@ -187,13 +188,14 @@ def test_workers_take_the_gpus_of_a_host_in_turn(monkeypatch):
                     pass
             return End(), End()
 
+    plant = ("dq.causal_off_by_one",)
     for gpus, expected in ((3, [0, 1, 2, 0, 1]), (1, [None] * 5), (0, [None] * 5)):
         started.clear()
-        monkeypatch.setattr(battery, "gpu_count", lambda on_gpu, n=gpus: n)
-        pool = battery._start_pool(Context, 0, ("lesson",), True, 5)
-        assert started == expected
-        again = battery._Worker(Context, 0, ("lesson",), True, pool[4].gpu)
-        assert again.gpu == expected[4]
+        monkeypatch.setattr(battery, "gpu_count", lambda n=gpus: n)
+        pool = battery._start_pool(Context, 0, ("lesson",), True, 5, plant)
+        assert started == [(g, plant) for g in expected]
+        pool[4].replacement(Context)
+        assert started[-1] == (expected[4], plant)
 
 
 def test_a_lazy_gate_on_its_kink_is_allowed_its_term():
@@ -225,3 +227,29 @@ def test_a_run_leaves_its_record_while_it_runs(tmp_path):
     (written,) = tmp_path.glob("fuzz_*_seed4.json")
     record = json.loads(written.read_text())
     assert record["finished"] and record["problems"] == 2
+
+
+def test_the_judge_adds_what_a_gate_on_its_kink_may_move():
+    """A row off by less than its kink allowance passes; the same row without the allowance fails."""
+    from flashattn.fuzz.battery import judge
+    from flashattn.fuzz.families import Outcome
+
+    p = draw(5, 0, on_gpu=False, families=("lazy",))
+    ref = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    got = ref.clone()
+    got[0, 0, 2] += 1e-2                     # one row off by 1e-2 * sqrt(8) in norm
+    allowance = torch.zeros(1, 1, 4, dtype=torch.float64)
+    allowance[0, 0, 2] = 0.05
+    with_kink = Outcome({"dQ": got.float()}, {"dQ": ref}, kink={"dQ": allowance})
+    assert judge(p, with_kink, torch.float32) == []
+    (line,) = judge(p, Outcome({"dQ": got.float()}, {"dQ": ref}), torch.float32)
+    assert line.startswith("dQ: (batch, head, row) (0, 0, 2)")
+
+
+def test_a_planted_bug_reaches_the_worker_processes():
+    """On a GPU the problems always run in worker processes: a bug planted in the parent alone
+    would go unseen there. Here two interpreter workers run them, the bug planted in each."""
+    summary = run(seed=11, problems=6, families=("lesson",), workers=2, progress=False,
+                  plant=("dq.causal_off_by_one",))
+    assert summary["failed"] >= 1, f"the planted bug passed {summary['problems']} problems in the workers"
+    assert run(seed=11, problems=6, families=("lesson",), workers=2, progress=False)["failed"] == 0

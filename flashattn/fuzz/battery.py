@@ -196,7 +196,7 @@ def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] =
         _advance(bar, result)
         if on_summary is not None and time.monotonic() - saved >= every_s:
             saved = time.monotonic()
-            on_summary(summarize(results, seed, saved - t0, workers, gpus=gpu_count(on_gpu), finished=False))
+            on_summary(summarize(results, seed, saved - t0, workers, gpus=gpu_count(), finished=False))
 
     if workers <= 1 and runtime.INTERPRET:
         with planted.plant(*plant):
@@ -209,7 +209,7 @@ def run(seed: int, *, problems: Optional[int] = None, minutes: Optional[float] =
             advance(result)
     if bar is not None:
         bar.close()
-    return summarize(results, seed, time.monotonic() - t0, workers, gpus=gpu_count(on_gpu))
+    return summarize(results, seed, time.monotonic() - t0, workers, gpus=gpu_count())
 
 
 # --------------------------------------------------------------------------------------
@@ -237,11 +237,16 @@ def _worker(seed: int, families: tuple, on_gpu: bool, gpu: Optional[int], plant:
 class _Worker:
     def __init__(self, ctx, seed, families, on_gpu, gpu, plant=()):
         self.conn, child = ctx.Pipe()
-        self.gpu, self.plant = gpu, plant
+        self.seed, self.families, self.on_gpu, self.gpu, self.plant = seed, families, on_gpu, gpu, plant
         self.proc = ctx.Process(target=_worker, args=(seed, families, on_gpu, gpu, plant, child), daemon=True)
         self.proc.start()
         child.close()
         self.index, self.since = None, 0.0       # the problem it was given, and when
+
+    def replacement(self, ctx) -> "_Worker":
+        """A new worker in place of this one (which died, or lost its CUDA context): the same
+        problems' seed and families, the same GPU, the same planted bugs."""
+        return _Worker(ctx, self.seed, self.families, self.on_gpu, self.gpu, self.plant)
 
     def give(self, index: int) -> None:
         self.conn.send(index)
@@ -250,7 +255,7 @@ class _Worker:
 
 def _start_pool(ctx, seed: int, families: tuple, on_gpu: bool, workers: int, plant: tuple = ()) -> list:
     """``workers`` worker processes; on a host with several GPUs worker i uses GPU i mod their count."""
-    gpus = gpu_count(on_gpu)
+    gpus = gpu_count()
     return [_Worker(ctx, seed, families, on_gpu, i % gpus if gpus > 1 else None, plant) for i in range(workers)]
 
 
@@ -279,6 +284,8 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
             if time.monotonic() > deadline + GRACE_S:     # out of time: drop what still runs
                 for w in busy:
                     w.proc.kill()
+                    w.proc.join(1)
+                    w.index = None
                 return
             ready = wait_for([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=2)
             for i, w in enumerate(pool):
@@ -294,7 +301,7 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
                         yield result
                         if result.get("context_lost"):
                             w.proc.join(5)
-                            pool[i] = _Worker(ctx, seed, families, on_gpu, w.gpu, plant)
+                            pool[i] = w.replacement(ctx)
                         continue
                 overdue = time.monotonic() - w.since > PROBLEM_TIMEOUT_S
                 if not w.proc.is_alive() or overdue:
@@ -303,7 +310,11 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
                     why = (f"ran over {PROBLEM_TIMEOUT_S} s" if overdue
                            else f"the worker process died (exit code {w.proc.exitcode}) running it")
                     yield _lost(seed, w.index, families, on_gpu, why)
-                    pool[i] = _Worker(ctx, seed, families, on_gpu, w.gpu, plant)
+                    w.index = None
+                    if exhausted:                # nothing left to give: no new process
+                        w.proc.join(1)
+                    else:
+                        pool[i] = w.replacement(ctx)
     finally:                      # every worker told at once, then a few seconds for all together
         for w in pool:
             if w.proc.is_alive():
@@ -316,11 +327,14 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
             w.proc.join(max(0.0, end - time.monotonic()))
             if w.proc.is_alive():
                 w.proc.kill()
+                w.proc.join(1)
+            w.conn.close()
 
 
-def gpu_count(on_gpu: bool) -> int:
-    """How many GPUs the workers share (0 on the CPU)."""
-    return torch.cuda.device_count() if on_gpu and not runtime.INTERPRET and torch.cuda.is_available() else 0
+def gpu_count() -> int:
+    """How many GPUs the workers share: where the kernels run, whatever sizes are drawn (0 in
+    the interpreter)."""
+    return torch.cuda.device_count() if not runtime.INTERPRET and torch.cuda.is_available() else 0
 
 
 def _lost(seed: int, index: int, families: tuple, on_gpu: bool, why: str) -> dict:
@@ -376,4 +390,4 @@ def default_workers() -> int:
     """On GPUs: one process per two CPU cores, at most 12 per GPU (they share it); 1 on the CPU."""
     if runtime.INTERPRET:
         return 1
-    return max(1, min(12 * max(1, gpu_count(True)), (os.cpu_count() or 2) // 2))
+    return max(1, min(12 * max(1, gpu_count()), (os.cpu_count() or 2) // 2))

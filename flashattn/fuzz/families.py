@@ -35,7 +35,7 @@ class Outcome:
     per_head_param: tuple = ()              # names shaped [H, ...] (lazy attention's parameters): per head
     dtype: Optional[torch.dtype] = None     # the precision to judge by (default: the problem's)
     logits: float = 1.0                     # a bound on |S| = |q.k| * scale: large logits amplify rounding
-    kink: dict = dataclasses.field(default_factory=dict)    # name -> what flipped ReLU gates may move, per row
+    kink: dict = dataclasses.field(default_factory=dict)    # name -> what flipped ReLU gates may move (per row; per head for parameters)
 
 
 #: where dQ and dK cancel to ~0, the error allowed is this many units of the products' rounding
