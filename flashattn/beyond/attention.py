@@ -207,7 +207,8 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     layout = Layout(q_, k_, cu_q, cu_k, max(max(lens_q), 1), max(max(lens_k), 1))
     impl, mask = _kernels(q_.dtype, q.shape[-1], impl, window, causal, layout.S_q, layout.S_k)
     causal, window_args = mask
-    o = EagerAttention.apply(q_, k_, v_, causal, scale, impl, Lesson09Kernels(layout, window_args, dropout_p, seed, config))
+    kernels = Lesson09Kernels(layout, window_args, dropout_p, seed, config)
+    o = EagerAttention.apply(q_, k_, v_, causal, scale, impl, kernels)
     return o[0].permute(1, 0, 2).to(q.dtype)
 
 

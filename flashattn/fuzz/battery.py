@@ -282,10 +282,8 @@ def _in_workers(seed: int, indices, families: tuple, workers: int, deadline: flo
             if not busy:
                 return
             if time.monotonic() > deadline + GRACE_S:     # out of time: drop what still runs
-                for w in busy:
+                for w in busy:                            # (joined below, with the rest)
                     w.proc.kill()
-                    w.proc.join(1)
-                    w.index = None
                 return
             ready = wait_for([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=2)
             for i, w in enumerate(pool):

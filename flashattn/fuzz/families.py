@@ -35,7 +35,8 @@ class Outcome:
     per_head_param: tuple = ()              # names shaped [H, ...] (lazy attention's parameters): per head
     dtype: Optional[torch.dtype] = None     # the precision to judge by (default: the problem's)
     logits: float = 1.0                     # a bound on |S| = |q.k| * scale: large logits amplify rounding
-    kink: dict = dataclasses.field(default_factory=dict)    # name -> what flipped ReLU gates may move (per row; per head for parameters)
+    kink: dict = dataclasses.field(default_factory=dict)    # name -> what flipped ReLU gates may move
+    #                                                         (per row; per head for the parameters)
 
 
 #: where dQ and dK cancel to ~0, the error allowed is this many units of the products' rounding
@@ -275,13 +276,13 @@ def varlen_floor(p: Problem, q, k, v, do, ref: dict, sequences) -> dict:
             continue
         if sk == 0:
             return {}
+        span = {n: (a_q, sq) if t is q else (a_k, sk) for n, t in rows_of.items()}    # each output's rows
         part = sdpa_floor(dataclasses.replace(p, S_q=sq, S_k=sk), dense(q, a_q, sq), dense(k, a_k, sk),
-                          dense(v, a_k, sk), dense(do, a_q, sq),
-                          {n: dense(ref[n], *((a_q, sq) if rows_of[n] is q else (a_k, sk))) for n in rows_of})
+                          dense(v, a_k, sk), dense(do, a_q, sq), {n: dense(ref[n], *span[n]) for n in rows_of})
         if not part:
             return {}
         for n, rows in part.items():
-            start, length = (a_q, sq) if rows_of[n] is q else (a_k, sk)
+            start, length = span[n]
             floor[n][..., start:start + length] = rows
     return floor
 
