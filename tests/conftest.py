@@ -7,14 +7,41 @@ fails the comparison instead of passing by luck.
 """
 import importlib.util
 import json
+import os
+import shutil
+import subprocess
 import zlib
 from pathlib import Path
 
-import pytest
-import torch
 
-import flashattn
-from flashattn import runtime
+def _host_gpus() -> list:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (without starting CUDA)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
+
+
+#: GPUs of the host, before a pytest-xdist worker is given one of them
+HOST_GPUS = _host_gpus()
+#: ``pytest -n N`` on a host with several GPUs: worker i runs on GPU i mod (GPUs), so that the
+#: default ``-n auto`` spreads the suite over every GPU instead of crowding the first. This must
+#: happen before torch starts CUDA, hence here, above ``import torch``. ``-n 0`` keeps them all.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER.startswith("gw") and len(HOST_GPUS) > 1:
+    os.environ["CUDA_VISIBLE_DEVICES"] = HOST_GPUS[int(XDIST_WORKER[2:]) % len(HOST_GPUS)]
+
+import pytest  # noqa: E402 -- after the GPU is chosen
+import torch  # noqa: E402
+
+import flashattn  # noqa: E402
+from flashattn import runtime  # noqa: E402
 
 ON_GPU = not flashattn.INTERPRET
 DEVICE = flashattn.default_device()
