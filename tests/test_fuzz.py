@@ -18,12 +18,15 @@ from flashattn.fuzz.problems import DO_LAYOUTS
 
 from conftest import ON_GPU
 
-#: problems per CI run: every family a few times (about a minute on two CPU cores)
-CPU_PROBLEMS, GPU_PROBLEMS = 48, 150
+#: problems per CI run: every family a few times (about a minute on two CPU cores). On a GPU a
+#: problem costs seconds, mostly compiling the variant it draws, so four worker processes share
+#: the GPU and the test stays within a few minutes; the command runs the long battery.
+CPU_PROBLEMS, GPU_PROBLEMS, GPU_WORKERS = 48, 80, 4
 
 
 def test_a_budget_of_problems_from_every_family_passes():
-    summary = run(seed=2026, problems=GPU_PROBLEMS if ON_GPU else CPU_PROBLEMS, progress=False)
+    summary = run(seed=2026, problems=GPU_PROBLEMS if ON_GPU else CPU_PROBLEMS, progress=False,
+                  workers=GPU_WORKERS if ON_GPU else 1)
     print(one_line(summary))
     assert summary["failed"] == 0, "\n".join(f"{f['reproducer']}\n    " + "\n    ".join(f["failures"])
                                              for f in summary["failures"])
