@@ -855,3 +855,26 @@ def test_a_gpu_run_keeps_a_float32_case(tmp_path, monkeypatch):
         'o, lse = flashattn.attention_forward(q.half(), k.half(), v.half(), causal, scale)')))
     assert_hint(r, "forward_half")
     assert "float32 inputs" in r.table()
+
+
+def test_a_16_bit_accumulator_is_named_where_only_the_fp32_case_compiles(tmp_path):
+    """On a GPU, ``tl.zeros(..., dtype=K.dtype.element_ty)`` compiles for exercise 04's fp32 case
+    (and passes there) but not for its fp16 ones (tl.dot's fp32 result changes the loop-carried
+    type). An H200 named that 'exception'. Every case either passed or did not compile: the rule
+    reads the code and names the accumulator; a case that failed otherwise leaves it to others."""
+    from types import SimpleNamespace
+
+    from flashattn.check.mistakes.did_not_run import _accumulator_precision
+
+    m = _load(tmp_path, "04", ('dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=LSE.dtype.element_ty)',
+                               'dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=K.dtype.element_ty)'))
+
+    class CompilationError(Exception):
+        pass
+
+    passed = SimpleNamespace(ok=True, error=None, launch_args=[])
+    refused = SimpleNamespace(ok=False, error=CompilationError("loop-carried type changed"), launch_args=[])
+    story = _accumulator_precision(SimpleNamespace(results=[refused] * 27 + [passed], subject=m.launch_dkdv))
+    assert story is not None and "K.dtype.element_ty" in story and "27 of 28 cases" in story, story
+    wrong = SimpleNamespace(ok=False, error=ValueError("a wrong value"), launch_args=[])
+    assert _accumulator_precision(SimpleNamespace(results=[refused, wrong, passed], subject=m.launch_dkdv)) is None

@@ -432,6 +432,30 @@ def test_the_backward_kernels_multiply_fp32_with_tf32x3_not_bf16_splits(monkeypa
         assert tuning.constants(q, False, backward=True)["DOT_PRECISION"] == "tf32x3"
     monkeypatch.setattr(flashattn.runtime, "fast_dot_precision", lambda dtype: "tf32")
     assert tuning.constants(q, True, backward=True)["DOT_PRECISION"] == "tf32"      # TF32 allowed: kept
+    # and the forward at 32 columns or fewer (the next test's failure on an H200)
+    monkeypatch.setattr(flashattn.runtime, "fast_dot_precision", lambda dtype: "bf16x6")
+    for D, expected in ((16, "tf32x3"), (24, "tf32x3"), (32, "tf32x3"), (40, "bf16x6"), (64, "bf16x6")):
+        assert tuning.constants(torch.empty(1, 1, 8, D), False)["DOT_PRECISION"] == expected, D
+
+
+@pytest.mark.parametrize("D", [24, 32])
+def test_fp32_with_k_read_every_other_element(D):
+    """Found by flashattn.fuzz on an H200 (seed 6, problem 2038): fp32, K a view of every other
+    element of a wider last dim (stride 2) whose other elements are NaN, D = 24 or 32: the forward's
+    bf16-split products read outside K (NaN in O, then an illegal memory access). Per head against
+    float64, forward and backward."""
+    torch.manual_seed(0)
+    S_q, S_k = (253, 384) if ON_GPU else (37, 45)
+    q, v, do = (torch.randn(1, 2, S, D, device=DEVICE) for S in (S_q, S_k, S_q))
+    wide = torch.full((1, 2, S_k, 2 * D), float("nan"), device=DEVICE)
+    wide[..., ::2] = torch.randn(1, 2, S_k, D, device=DEVICE)
+    k = wide[..., ::2]
+    leaves = [t.requires_grad_() for t in (q.clone(), k, v.clone())]
+    out = flashattn.flash_attention(*leaves, causal=False, impl="fast")
+    out.backward(do)
+    ref = reference(q, k.detach(), v, do, causal=False)
+    for name, got in zip(("O", "dQ", "dK", "dV"), (out, *(t.grad for t in leaves))):
+        assert_close_per_head(name, got, ref[name], TOL[torch.float32])
 
 
 def test_the_fused_backward_has_no_nan_from_padded_keys_at_large_logits():

@@ -278,7 +278,7 @@ def constants(q, causal: bool, backward: bool = False) -> dict:
     D = q.shape[-1]
     block_d = runtime.head_dim_block(D)
     precision = runtime.fast_dot_precision(q.dtype)
-    if precision.startswith("bf16") and (block_d < 32 or backward):
+    if precision.startswith("bf16") and (block_d <= 32 or backward):
         # Triton 3.6 on Hopper miscompiles the bf16 splits (bf16x6, bf16x3) of fp32 products in the
         # backward kernels: the randomized battery (flashattn.fuzz) found illegal shared-memory
         # accesses under compute-sanitizer in fast_dq_kernel and fast_dkdv_kernel (H200; e.g. fp32
@@ -288,7 +288,10 @@ def constants(q, causal: bool, backward: bool = False) -> dict:
         # dK, on an H100.) So the backward's kernels -- dQ, dK/dV (and its dK, dV split), the
         # fused one where it is not on pieces -- and any kernel at 16 columns multiply fp32 with
         # three TF32 products: the same fp32 accuracy class, about 20% slower. The fused backward
-        # on bf16 pieces (pieces.py) multiplies bf16 tiles and is not affected.
+        # on bf16 pieces (pieces.py) multiplies bf16 tiles and is not affected. The forward at 32
+        # columns too: fp32 with K read every other element (stride 2), D = 24 or 32, gave NaN in
+        # O and an illegal memory access on an H200 (battery seed 6, problem 2038); D = 64, fp16
+        # and a contiguous K passed.
         precision = "tf32x3"
     return dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PRECISION=precision)
 

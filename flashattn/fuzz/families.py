@@ -115,12 +115,14 @@ def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[torch.Tensor
     dS = 0 exactly) the result is 0 up to rounding, and rounding is all its error can be
     judged against. Each term rounds on its own, so the sizes add in quadrature:
     scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's own
-    rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|."""
+    rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|. dP_ij = dO_i . V_j
+    may cancel too: its own rounding is counted in (:func:`dp_rounding`)."""
     scale = q.shape[-1] ** -0.5 if p.scale is None else p.scale
     visible = window_mask(q.shape[2], k.shape[2], p.causal, p.window, q.device)
     s = q @ k.transpose(-1, -2) * scale
     P = torch.where(visible & torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), 0.0)
-    dp = (do @ v.transpose(-1, -2)).abs()
+    computed_in = torch.bfloat16 if p.variant.endswith("+autocast") else p.torch_dtype   # (run_sdpa's)
+    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(computed_in, do, v)
     if keep is not None:
         dp = dp * keep / (1.0 - p.dropout_p)
     delta_terms = (do * o).abs().sum(-1, keepdim=True)
@@ -128,6 +130,15 @@ def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[torch.Tensor
     rows_dq = (t2 @ (k * k)).sum(-1).sqrt() + delta_terms[..., 0] * (P @ k).norm(dim=-1)
     rows_dk = (t2.transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
     return scale * rows_dq[0, 0], scale * rows_dk[0, 0]
+
+
+def dp_rounding(dtype: torch.dtype, do: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The size of dP = dO V^T's own rounding, in units of the products' (``PRODUCT_UNIT``): dP is
+    accumulated at S's unit (``SCORE_UNIT``) over the terms dO_id V_jd, which round on their own
+    and so add in quadrature: sqrt(sum_d (dO_id V_jd)^2). Where dO_i . V_j cancels (seed 7, problem
+    99 on an H200: dA = 7.7e-5 from terms of size ~1, fp32) that rounding is all dS has. For
+    fp16/bf16 inputs (exact products, fp32 sums) it is ~1e-4 of the terms' size; for fp32 all of it."""
+    return (SCORE_UNIT[dtype] / PRODUCT_UNIT[dtype]) * ((do * do) @ (v * v).transpose(-1, -2)).sqrt()
 
 
 def _dense_keep(p: Problem, H: int, device) -> Optional[Callable]:
@@ -352,7 +363,9 @@ def lazy_term_sizes(q, k, v, bias, tau, do, scale) -> tuple[dict, dict]:
         # row's delta spread over the row (at most as much again)
         kink["dTau"] = kink["dTau"] + 2.0 * torch.where(near, da.abs() / (i + 1).double()[:, None], 0.0).sum((-1, -2))[0]
         kink["dBias"] = kink["dBias"] + 2.0 * moved.sum((-1, -2))[0]
-        t2 = (parts.P * (dp.abs() + (parts.P * dp).sum(-1, keepdim=True).abs())) ** 2
+        rounding = torch.where(gate, dp_rounding(q.dtype, dob, vb), 0.0)     # dP's own (dp_rounding)
+        delta = (parts.P * dp).sum(-1, keepdim=True).abs() + (parts.P * rounding).sum(-1, keepdim=True)
+        t2 = (parts.P * (dp.abs() + rounding + delta)) ** 2
         sizes["dQ"].append(scale * (t2 @ (kb * kb)).sum(-1).sqrt())
         sizes["dK"].append(scale * (t2.transpose(-1, -2) @ (qb * qb)).sum(-1).sqrt())
         sizes["dTau"] = sizes["dTau"] + ((dp / (i + 1).double()[:, None]) ** 2).sum((-1, -2))[0]

@@ -43,13 +43,16 @@ def _accumulator_precision(ctx):
     16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
     compile the loop (tl.dot's fp32 result changes the carried variable's type) or, written to
     compile, sums in half precision. It reads the code, not the values, so it is tried even when
-    every case passed (``when_passing``) -- and only then, or where every case failed to compile
-    (a GPU): on the kernels the cases launched."""
+    every case passed (``when_passing``) -- and only then, or where every case that did not pass
+    failed to compile (a GPU: its fp16 cases do not compile, its fp32 ones do and pass): on the
+    kernels the cases launched."""
     results = ctx.results
-    compiled_not = bool(results) and all(r.error is not None and
-                                         any(type(e).__name__ == "CompilationError" for e in exception_chain(r.error))
-                                         for r in results)
-    if not results or not (all(r.ok for r in results) or compiled_not):
+
+    def did_not_compile(r) -> bool:
+        return r.error is not None and any(type(e).__name__ == "CompilationError" for e in exception_chain(r.error))
+
+    compiled_not = sum(map(did_not_compile, results))
+    if not results or not all(r.ok or did_not_compile(r) for r in results):
         return None
     for kernel, kernel_fn in _launched_kernels(results, ctx.subject):
         try:
@@ -61,7 +64,8 @@ def _accumulator_precision(ctx):
             half = _HALF_DTYPE.search(m.group(2)) if m else None
             if half:
                 return (f"`{line.split('#')[0].strip()}` in {kernel}: dtype {half.group(1)}" +
-                        ("; on this GPU the kernel did not compile" if compiled_not else ""))
+                        (f"; on this GPU the kernel did not compile ({compiled_not} of {len(results)} cases)"
+                         if compiled_not else ""))
     return None
 
 
