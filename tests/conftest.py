@@ -15,7 +15,8 @@ from pathlib import Path
 
 
 def _host_gpus() -> list:
-    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (without starting CUDA)."""
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES names them (without starting CUDA).
+    Empty where there is none, or where a GPU is split into MIG instances (left as it is)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [g.strip() for g in visible.split(",") if g.strip()]
@@ -25,19 +26,24 @@ def _host_gpus() -> list:
         listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    return [str(i) for i, line in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
+    if "MIG" in listing:
+        return []
+    return [str(i) for i, _ in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
 
 
-#: GPUs of the host, before a pytest-xdist worker is given one of them
+#: GPUs of the host, as this process was given them
 HOST_GPUS = _host_gpus()
-#: ``pytest -n N`` on a host with several GPUs: worker i runs on GPU i mod (GPUs), so that the
-#: default ``-n auto`` spreads the suite over every GPU instead of crowding the first. This must
-#: happen before torch starts CUDA, hence here, above ``import torch``. ``-n 0`` keeps them all.
+#: ``pytest -n N`` on a host with several GPUs: worker i sees the GPUs rotated by i, so that its
+#: first GPU (where torch and Triton run by default) is GPU i mod (GPUs) and the default
+#: ``-n auto`` spreads the suite over every GPU instead of crowding the first; every GPU stays
+#: visible (the NCCL tests use them all). This must happen before torch starts CUDA, hence here,
+#: above ``import torch``.
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 if XDIST_WORKER.startswith("gw") and len(HOST_GPUS) > 1:
-    os.environ["CUDA_VISIBLE_DEVICES"] = HOST_GPUS[int(XDIST_WORKER[2:]) % len(HOST_GPUS)]
+    first = int(XDIST_WORKER[2:]) % len(HOST_GPUS)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(HOST_GPUS[first:] + HOST_GPUS[:first])
 
-import pytest  # noqa: E402 -- after the GPU is chosen
+import pytest  # noqa: E402 -- after the GPUs are ordered
 import torch  # noqa: E402
 
 import flashattn  # noqa: E402

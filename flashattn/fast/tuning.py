@@ -285,13 +285,13 @@ def constants(q, causal: bool, backward: bool = False) -> dict:
         # S_q = S_k = 1, D = 24 or 128; S = 3520, D = 72 with a window), at every pipeline depth
         # (one stage: NaN / garbage instead), and clean runs with tf32x3 and ieee. (An earlier
         # sign: at 16 columns with a stride-0 dO the split of dP^T = V dO^T came out NaN / 1e36 in
-        # dK, on an H100.) So the backward's kernels -- dQ, dK/dV (and its dK, dV split), the
-        # fused one where it is not on pieces -- and any kernel at 16 columns multiply fp32 with
-        # three TF32 products: the same fp32 accuracy class, about 20% slower. The fused backward
-        # on bf16 pieces (pieces.py) multiplies bf16 tiles and is not affected. The forward at 32
-        # columns too: fp32 with K read every other element (stride 2), D = 24 or 32, gave NaN in
-        # O and an illegal memory access on an H200 (battery seed 6, problem 2038); D = 64, fp16
-        # and a contiguous K passed.
+        # dK, on an H100.) The forward too, at 32 columns: fp32 with K read every other element
+        # (stride 2), D = 24 or 32, gave NaN in O, then an illegal memory access, on an H200
+        # (battery seed 6, problem 2038; D = 64, fp16 and a contiguous K passed). So the backward's
+        # kernels -- dQ, dK/dV (and its dK, dV split), the fused one where it is not on pieces --
+        # and any kernel at 32 columns or fewer multiply fp32 with three TF32 products: the same
+        # fp32 accuracy class, about 20% slower. The fused backward on bf16 pieces (pieces.py)
+        # multiplies bf16 tiles and is not affected.
         precision = "tf32x3"
     return dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PAD_D=block_d != D, DOT_PRECISION=precision)
 

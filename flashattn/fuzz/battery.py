@@ -19,6 +19,7 @@ import time
 import traceback
 import warnings
 from multiprocessing.connection import wait as wait_for
+from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
@@ -135,13 +136,8 @@ def check_problem(p: Problem, device=None) -> dict:
                      if not torch.equal(torch.nan_to_num(_storage_view(t), 7.0), torch.nan_to_num(before[n], 7.0))]
         failures += judge(p, outcome)
     except Exception as e:      # noqa: BLE001 -- a kernel that raises on a valid problem fails it
-        frames = traceback.extract_tb(e.__traceback__)
-        where = f"{_short_path(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
-        ours = [f for f in frames[:-1] if _short_path(f.filename).startswith("flashattn/")
-                and not _short_path(f.filename).startswith("flashattn/fuzz/")]
-        if ours and not _short_path(frames[-1].filename).startswith("flashattn/"):   # whose call raised it
-            where += f" (from {_short_path(ours[-1].filename)}:{ours[-1].lineno} in {ours[-1].name})"
-        failures.append(f"raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}")
+        failures.append(f"raised {type(e).__name__} at {_raised_where(e)}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}")
         lost = device.type == "cuda" and _context_lost()
     if device.type == "cuda" and not lost and p.work() > 2 ** 25:
         torch.cuda.empty_cache()
@@ -150,16 +146,44 @@ def check_problem(p: Problem, device=None) -> dict:
             "problem": p.describe(), "reproducer": p.reproducer(), "context_lost": lost}
 
 
+#: the folder that holds the flashattn package (the repository, or site-packages when installed)
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
 def _short_path(filename: str) -> str:
-    """A source file as a record may show it: from the package's folder (``triton/...``,
-    ``flashattn/...``), never the machine's own directories."""
-    parts = filename.replace(os.sep, "/").split("/")
+    """A source file as a record may show it: from the folder holding flashattn (``flashattn/...``,
+    ``tests/...``) or from site-packages (``triton/...``), never the machine's own directories."""
+    path = Path(filename)
+    try:
+        return path.resolve().relative_to(_PACKAGE_PARENT).as_posix()
+    except (ValueError, OSError):
+        pass
+    parts = path.parts
     for root in ("site-packages", "dist-packages"):
         if root in parts:
             return "/".join(parts[len(parts) - parts[::-1].index(root):])
-    if "flashattn" in parts:
-        return "/".join(parts[len(parts) - 1 - parts[::-1].index("flashattn"):])
-    return os.path.basename(filename)
+    return path.name
+
+
+def _raised_where(error: BaseException) -> str:
+    """Where ``error`` was raised, and where that is not flashattn's own code, which flashattn call
+    led there and which Triton kernel was being launched (the innermost one on the stack)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f"{_short_path(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
+    if _short_path(frames[-1].filename).startswith("flashattn/"):
+        return where
+    kernel, tb = None, error.__traceback__
+    while tb is not None:                  # a JITFunction's run, or a DirectLaunch (its kernel: .raw)
+        owner = tb.tb_frame.f_locals.get("self")
+        jitted = getattr(owner, "raw", owner)
+        if hasattr(jitted, "arg_names") and callable(getattr(jitted, "fn", None)):
+            kernel = jitted.fn.__name__
+        tb = tb.tb_next
+    ours = [f for f in frames[:-1] if _short_path(f.filename).startswith("flashattn/")
+            and not _short_path(f.filename).startswith("flashattn/fuzz/")]
+    led = [f"launching {kernel}"] if kernel else []
+    led += [f"from {_short_path(ours[-1].filename)}:{ours[-1].lineno} in {ours[-1].name}"] if ours else []
+    return where + (f" ({' '.join(led)})" if led else "")
 
 
 @contextlib.contextmanager

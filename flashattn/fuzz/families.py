@@ -78,11 +78,13 @@ def _leaves(*tensors):
     return [t.detach().double().requires_grad_() for t in tensors]
 
 
-def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = None) -> tuple[dict, dict]:
+def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = None,
+                       computed_in: Optional[torch.dtype] = None) -> tuple[dict, dict]:
     """O, dQ, dK, dV in float64 by autograd through ``beyond.reference.attention_reference``
     (causal, window, dropout with the kernels' own mask from ``keep_for(b, h)``), one (batch,
     query head) at a time; dK and dV summed over each GQA group. Also returns, per row of dQ
-    and dK, the size of the terms that make it up (:func:`term_sizes`)."""
+    and dK, the size of the terms that make it up (:func:`term_sizes`; ``computed_in``: the
+    dtype the kernels computed in, where not the inputs', as under autocast)."""
     B, H, S_q, D = q.shape
     group = H // k.shape[1]
     f64 = dict(dtype=torch.float64, device=q.device)
@@ -100,7 +102,8 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
             out["O"][b, h], out["dQ"][b, h] = o[0, 0].detach(), dq[0, 0]
             out["dK"][b, g] += dk[0, 0]
             out["dV"][b, g] += dv[0, 0]
-            rows_dq, rows_dk = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep)
+            rows_dq, rows_dk = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep,
+                                          computed_in)
             size["dQ"][b, h] = rows_dq
             size["dK"][b, g] += rows_dk ** 2          # a group's heads add up: their rounding too
     size["dK"] = size["dK"].sqrt()
@@ -108,7 +111,8 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
 
 
 @torch.no_grad()
-def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[torch.Tensor, torch.Tensor]:
+def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None,
+               computed_in: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """How large the terms are that add up to each row of dQ and dK of one head (float64
     ``[1, 1, S, D]`` inputs; returns ``[S_q]``, ``[S_k]``). dQ_i = scale * sum_j dS_ij K_j with
     dS_ij = P_ij (dP_ij - delta_i): where those terms cancel (a row that sees one key has
@@ -116,13 +120,13 @@ def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None) -> tuple[torch.Tensor
     judged against. Each term rounds on its own, so the sizes add in quadrature:
     scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's own
     rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|. dP_ij = dO_i . V_j
-    may cancel too: its own rounding is counted in (:func:`dp_rounding`)."""
+    may cancel too: its own rounding is counted in (:func:`dp_rounding`, at the unit of
+    ``computed_in``, default the problem's dtype)."""
     scale = q.shape[-1] ** -0.5 if p.scale is None else p.scale
     visible = window_mask(q.shape[2], k.shape[2], p.causal, p.window, q.device)
     s = q @ k.transpose(-1, -2) * scale
     P = torch.where(visible & torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), 0.0)
-    computed_in = torch.bfloat16 if p.variant.endswith("+autocast") else p.torch_dtype   # (run_sdpa's)
-    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(computed_in, do, v)
+    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(computed_in or p.torch_dtype, do, v)
     if keep is not None:
         dp = dp * keep / (1.0 - p.dropout_p)
     delta_terms = (do * o).abs().sum(-1, keepdim=True)
@@ -399,7 +403,7 @@ def run_sdpa(p: Problem, t: dict) -> Outcome:
         return o.reshape(q_.shape).float() if autocast else o.reshape(q_.shape)
 
     got = kernel_grads(fn, q, k, v, do)
-    ref, size = per_head_reference(p, q, k, v, do)
+    ref, size = per_head_reference(p, q, k, v, do, computed_in=torch.bfloat16 if autocast else None)
     if autocast:             # the floor: SDPA itself under the same autocast
         lo = [x.to(torch.bfloat16) for x in (q, k, v, do)]
         return Outcome(got, ref, sdpa_floor(p, *lo, ref), size, dtype=torch.bfloat16,

@@ -42,10 +42,10 @@ def _accumulator_precision(ctx):
     """A kernel whose values passed, but whose accumulators (``tl.zeros`` outside the loop) take a
     16-bit type: Triton's CPU interpreter quietly computes them in fp32, while a GPU refuses to
     compile the loop (tl.dot's fp32 result changes the carried variable's type) or, written to
-    compile, sums in half precision. It reads the code, not the values, so it is tried even when
-    every case passed (``when_passing``) -- and only then, or where every case that did not pass
-    failed to compile (a GPU: its fp16 cases do not compile, its fp32 ones do and pass): on the
-    kernels the cases launched."""
+    compile, sums in half precision. It reads the code of the kernels the cases launched, not
+    the values. So it is tried even when every case passed (``when_passing``). It is tried only
+    where no case failed for another reason: each case passed or did not compile (on a GPU,
+    ``dtype=K.dtype.element_ty`` compiles and passes in the fp32 case, not in the fp16 ones)."""
     results = ctx.results
 
     def did_not_compile(r) -> bool:
