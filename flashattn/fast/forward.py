@@ -12,9 +12,8 @@
   costs nothing and any other layout still works.
 * **fp32 on the tensor cores**: ``DOT_PRECISION`` is "tf32" where torch's TF32 switch allows it,
   else "bf16x6" (each fp32 operand split into three bf16 pieces, six bf16 products: fp32's
-  accuracy at the cost of three TF32 products; "tf32x3" on a Triton without it, and at head
-  dims of 32 or less, where Triton 3.6 miscompiles the split on Hopper; see
-  ``runtime.fast_dot_precision`` and ``tuning.constants``).
+  accuracy at the cost of three TF32 products); "tf32x3" on a Triton without it and at head dims
+  of 32 or less (``runtime.fast_dot_precision``, ``tuning.constants``).
 * **K and V tiles through the copy engine** on Hopper at D = 128 (``TMA``: tensor descriptors;
   the per-element addresses and their registers go, and rows past the keys arrive as zeros).
 * **Per-device default tiles**, with autotuning on request (``fast/tuning.py``).
