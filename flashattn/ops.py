@@ -16,8 +16,9 @@ returns an empty tensor in its place, which autograd turns back into None).
 
 Eager calls skip the operators and run the same two functions (or lesson 09's, for windows,
 dropout and packed batches) through a plain ``torch.autograd.Function``: PyTorch wraps a custom
-operator's body so that TorchDynamo stays out of it, and the first call of such a body imports TorchDynamo (sympy and all: 1-2 s with
-Python's bytecode cached, 5 s without), a price an eager training loop need not pay.
+operator's body so that TorchDynamo stays out of it, and the first call of such a body imports
+TorchDynamo (sympy and all: 1-2 s with Python's bytecode cached, 5 s without), a price an eager
+training loop need not pay.
 """
 from __future__ import annotations
 

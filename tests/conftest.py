@@ -31,17 +31,22 @@ def _host_gpus() -> list:
     return [str(i) for i, _ in enumerate(line for line in listing.splitlines() if line.startswith("GPU "))]
 
 
-#: GPUs of the host, as this process was given them
-HOST_GPUS = _host_gpus()
-#: ``pytest -n N`` on a host with several GPUs: worker i sees the GPUs rotated by i, so that its
-#: first GPU (where torch and Triton run by default) is GPU i mod (GPUs) and the default
-#: ``-n auto`` spreads the suite over every GPU instead of crowding the first; every GPU stays
-#: visible (the NCCL tests use them all). This must happen before torch starts CUDA, hence here,
-#: above ``import torch``.
-XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-if XDIST_WORKER.startswith("gw") and len(HOST_GPUS) > 1:
-    first = int(XDIST_WORKER[2:]) % len(HOST_GPUS)
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(HOST_GPUS[first:] + HOST_GPUS[:first])
+def _rotate_gpus_for_xdist_worker() -> None:
+    """``pytest -n N`` on a host with several GPUs: worker i sees the GPUs rotated by i, so that its
+    first GPU (where torch and Triton run by default) is GPU i mod (GPUs) and the default ``-n auto``
+    spreads the suite over every GPU instead of crowding the first; every GPU stays visible (the
+    NCCL tests use them all). Only workers ask for the GPUs (the controller and ``-n 0`` leave them)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    gpus = _host_gpus()
+    if len(gpus) > 1:
+        first = int(worker[2:]) % len(gpus)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[first:] + gpus[:first])
+
+
+# before torch starts CUDA, hence here, above ``import torch``
+_rotate_gpus_for_xdist_worker()
 
 import pytest  # noqa: E402 -- after the GPUs are ordered
 import torch  # noqa: E402

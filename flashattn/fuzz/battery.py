@@ -169,8 +169,9 @@ def _raised_where(error: BaseException) -> str:
     """Where ``error`` was raised, and where that is not flashattn's own code, which flashattn call
     led there and which Triton kernel was being launched (the innermost one on the stack)."""
     frames = traceback.extract_tb(error.__traceback__)
-    where = f"{_short_path(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
-    if _short_path(frames[-1].filename).startswith("flashattn/"):
+    paths = [_short_path(f.filename) for f in frames]
+    where = f"{paths[-1]}:{frames[-1].lineno} in {frames[-1].name}"
+    if paths[-1].startswith("flashattn/"):
         return where
     kernel, tb = None, error.__traceback__
     while tb is not None:                  # a JITFunction's run, or a DirectLaunch (its kernel: .raw)
@@ -179,10 +180,10 @@ def _raised_where(error: BaseException) -> str:
         if hasattr(jitted, "arg_names") and callable(getattr(jitted, "fn", None)):
             kernel = jitted.fn.__name__
         tb = tb.tb_next
-    ours = [f for f in frames[:-1] if _short_path(f.filename).startswith("flashattn/")
-            and not _short_path(f.filename).startswith("flashattn/fuzz/")]
+    ours = [(path, f) for path, f in zip(paths[:-1], frames[:-1])
+            if path.startswith("flashattn/") and not path.startswith("flashattn/fuzz/")]
     led = [f"launching {kernel}"] if kernel else []
-    led += [f"from {_short_path(ours[-1].filename)}:{ours[-1].lineno} in {ours[-1].name}"] if ours else []
+    led += [f"from {ours[-1][0]}:{ours[-1][1].lineno} in {ours[-1][1].name}"] if ours else []
     return where + (f" ({' '.join(led)})" if led else "")
 
 
