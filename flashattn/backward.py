@@ -176,7 +176,7 @@ def attention_backward_dq(q, k, v, do, lse, delta, causal: bool = False,
             *lse.stride(), *delta.stride(), *dq.stride(),
             H, H // H_kv, S_q, S_k, D, scale,
             CAUSAL=causal, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=block_d,
-            DOT_PRECISION=runtime.dot_precision(q.dtype),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D),
             **cfg.launch_options(),
         )
 
@@ -297,7 +297,7 @@ def attention_backward_dkdv(q, k, v, do, lse, delta, causal: bool = False,
             *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(),
             H_kv, H // H_kv, S_q, S_k, D, scale,
             CAUSAL=causal, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=block_d,
-            DOT_PRECISION=runtime.dot_precision(q.dtype),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D),
             **cfg.launch_options(),
         )
 

@@ -129,7 +129,7 @@ def attention_forward(
             *q.stride(), *k.stride(), *v.stride(), *o.stride(), *lse.stride(),
             H, H // H_kv, S_q, S_k, D, scale,
             CAUSAL=causal, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=block_d,
-            DOT_PRECISION=runtime.dot_precision(q.dtype),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D),
             **cfg.launch_options(),
         )
 

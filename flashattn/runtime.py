@@ -217,16 +217,23 @@ def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype, head_dim: Optional[int] = None) -> str:
     """``input_precision`` of the lesson kernels' ``tl.dot``, fp32's accuracy for fp32 inputs:
     "tf32x3" on GPUs with TF32 tensor cores (sm 8.0+; three TF32 products per product, about
     1e-6 relative error), exact "ieee" products in the interpreter and on older GPUs. Not plain
     TF32 (Triton's default): its ~1e-3 error would fail the course's 1e-4 checks. Exact IEEE
     products on a GPU run on the CUDA cores and spill registers: an H100 sweep measured the
-    fp32 lesson kernels 5-70x slower with them. Ignored for other dtypes."""
+    fp32 lesson kernels 5-70x slower with them. Ignored for other dtypes.
+
+    ``head_dim``: on Hopper, fp32 at a head dim that is not a multiple of 16 takes "ieee" too.
+    Triton 3.6 miscompiles tf32x3 there: the randomized battery (``flashattn.fuzz``, seed 8,
+    problems 80 and 370, H200) found the lesson dK/dV kernel writing out of its shared memory
+    at D = 72 (compute-sanitizer: ``dP^T = V dO^T``) and wrong dK, dV at D = 120 with K read
+    every other element, while D = 64 and 128 with the same inputs, and "ieee", passed."""
     if dtype != torch.float32:
         return "tf32"
-    if INTERPRET or torch.cuda.get_device_capability()[0] < 8:
+    major = 0 if INTERPRET else torch.cuda.get_device_capability()[0]
+    if INTERPRET or major < 8 or (major == 9 and head_dim is not None and head_dim % 16):
         return "ieee"
     return "tf32x3"
 

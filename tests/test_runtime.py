@@ -120,3 +120,15 @@ def test_kernels_run_when_triton_was_imported_first():
     done = subprocess.run([sys.executable, "-c", _TRITON_FIRST], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_lesson_fp32_products_on_hopper_are_exact_where_tf32x3_miscompiles(monkeypatch):
+    """fp32 lesson products: tf32x3 on TF32 GPUs, exact on Hopper at head dims that are not a
+    multiple of 16 (Triton 3.6 miscompiled tf32x3 there: battery seed 8, problems 80 and 370)."""
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+    for capability, head_dim, expected in (((9, 0), 72, "ieee"), ((9, 0), 120, "ieee"), ((9, 0), 64, "tf32x3"),
+                                           ((9, 0), None, "tf32x3"), ((8, 0), 72, "tf32x3"),
+                                           ((7, 5), 64, "ieee")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
+        assert runtime.dot_precision(torch.float32, head_dim) == expected, (capability, head_dim)
+        assert runtime.dot_precision(torch.float16, head_dim) == "tf32"

@@ -204,7 +204,7 @@ def beyond_forward(q, k, v, layout: Layout, scale: float, window_args: tuple, dr
             dropout_p, dropout_threshold(dropout_p), seed,
             WINDOW=windowed, DROPOUT=dropout_p > 0, VARLEN=layout.varlen,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
-            DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options())
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D), **cfg.launch_options())
 
     configs.launch(("beyond_fwd", D, q.dtype, q.device), configs.candidates("fwd", D, q.dtype, q.device, config), run)
     return o, lse
@@ -375,7 +375,7 @@ def beyond_backward(q, k, v, o, do, lse, layout: Layout, scale: float, window_ar
     dv = layout.new(tuple(v.shape), v.dtype, v.device)
     windowed, left, right = window_args
     common = dict(WINDOW=windowed, DROPOUT=dropout_p > 0, VARLEN=layout.varlen,
-                  BLOCK_D=runtime.head_dim_block(D), DOT_PRECISION=runtime.dot_precision(q.dtype))
+                  BLOCK_D=runtime.head_dim_block(D), DOT_PRECISION=runtime.dot_precision(q.dtype, D))
     strides = [layout.strides(t) for t in (q, k, v, do, lse, delta)]
 
     def run_dq(cfg: KernelConfig) -> None:

@@ -195,7 +195,7 @@ def lazy_attention_forward(q, k, v, bias, tau, scale: Optional[float] = None, *,
             *o.stride(), *lse.stride(),
             H, L, D, w_eff, scale,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
-            DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D), **cfg.launch_options(),
         )
 
     configs.launch(("lazy_fwd", D, q.dtype, q.device), lazy_configs("fwd", D, q.dtype, q.device, config), run)
@@ -298,7 +298,7 @@ def lazy_attention_backward_preprocess(q, k, v, bias, tau, do, lse, scale: Optio
             *do.stride(), *lse.stride(), *delta.stride(), *dtau_part.stride(),
             H, L, D, w_eff, scale,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
-            DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D), **cfg.launch_options(),
         )
         result["dtau_part"] = dtau_part
 
@@ -437,7 +437,7 @@ def lazy_attention_backward_dq(q, k, v, bias, tau, do, lse, delta, scale: Option
             *do.stride(), *lse.stride(), *delta.stride(), *dq.stride(), *part.stride(),
             H, L, D, w_eff, n_diag, scale,
             BLOCK=block, BLOCK_D=runtime.head_dim_block(D),
-            DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D), **cfg.launch_options(),
         )
         result["part"] = part
 
@@ -553,7 +553,7 @@ def lazy_attention_backward_dkdv(q, k, v, bias, tau, do, lse, delta, scale: Opti
             *do.stride(), *lse.stride(), *delta.stride(), *dk.stride(), *dv.stride(),
             H, L, D, w_eff, scale,
             BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_D=runtime.head_dim_block(D),
-            DOT_PRECISION=runtime.dot_precision(q.dtype), **cfg.launch_options(),
+            DOT_PRECISION=runtime.dot_precision(q.dtype, D), **cfg.launch_options(),
         )
 
     configs.launch(("lazy_dkdv", D, q.dtype, q.device), lazy_configs("dkdv", D, q.dtype, q.device, config), run)
