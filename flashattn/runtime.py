@@ -225,11 +225,13 @@ def dot_precision(dtype: torch.dtype, head_dim: Optional[int] = None) -> str:
     products on a GPU run on the CUDA cores and spill registers: an H100 sweep measured the
     fp32 lesson kernels 5-70x slower with them. Ignored for other dtypes.
 
-    ``head_dim``: on Hopper, fp32 at a head dim that is not a multiple of 16 takes "ieee" too.
-    Triton 3.6 miscompiles tf32x3 there: the randomized battery (``flashattn.fuzz``, seed 8,
-    problems 80 and 370, H200) found the lesson dK/dV kernel writing out of its shared memory
-    at D = 72 (compute-sanitizer: ``dP^T = V dO^T``) and wrong dK, dV at D = 120 with K read
-    every other element, while D = 64 and 128 with the same inputs, and "ieee", passed."""
+    ``head_dim``: on Hopper, fp32 at a head dim that is not a multiple of 16 takes "ieee" too, a
+    precaution. The randomized battery (``flashattn.fuzz``, seed 8, H200, Triton 3.6) found two
+    such problems where tf32x3 went wrong: the lesson dK/dV kernel wrote outside its shared memory
+    at D = 72 (problem 80; compute-sanitizer: ``dP^T = V dO^T``) and gave wrong dK, dV at D = 120
+    with K read every other element (problem 370). The same inputs passed at D = 64 and 128, or
+    with "ieee"; 37 other lesson problems at such head dims had passed with tf32x3, so the cause
+    needs more than the head dim, and is not known."""
     if dtype != torch.float32:
         return "tf32"
     major = 0 if INTERPRET else torch.cuda.get_device_capability()[0]

@@ -126,9 +126,30 @@ def test_lesson_fp32_products_on_hopper_are_exact_where_tf32x3_miscompiles(monke
     """fp32 lesson products: tf32x3 on TF32 GPUs, exact on Hopper at head dims that are not a
     multiple of 16 (Triton 3.6 miscompiled tf32x3 there: battery seed 8, problems 80 and 370)."""
     monkeypatch.setattr(runtime, "INTERPRET", False)
-    for capability, head_dim, expected in (((9, 0), 72, "ieee"), ((9, 0), 120, "ieee"), ((9, 0), 64, "tf32x3"),
-                                           ((9, 0), None, "tf32x3"), ((8, 0), 72, "tf32x3"),
-                                           ((7, 5), 64, "ieee")):
+    for capability, head_dim, expected in (((9, 0), 72, "ieee"), ((9, 0), 120, "ieee"), ((9, 0), 24, "ieee"),
+                                           ((9, 0), 64, "tf32x3"), ((9, 0), 96, "tf32x3"), ((9, 0), None, "tf32x3"),
+                                           ((8, 0), 72, "tf32x3"), ((10, 0), 72, "tf32x3"), ((7, 5), 64, "ieee")):
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a, c=capability: c)
         assert runtime.dot_precision(torch.float32, head_dim) == expected, (capability, head_dim)
         assert runtime.dot_precision(torch.float16, head_dim) == "tf32"
+
+
+def test_every_lesson_style_launcher_passes_its_head_dim(monkeypatch):
+    """The rule above needs the head dim: the lesson kernels (forward, dQ, dK/dV), lesson 09's and
+    lazy attention's launchers each pass theirs (D = 24 here)."""
+    import flashattn
+    from flashattn import beyond, lazy
+
+    seen = []
+    real = runtime.dot_precision
+    monkeypatch.setattr(runtime, "dot_precision", lambda dtype, head_dim=None: seen.append(head_dim) or real(dtype, head_dim))
+    q, k, v = (torch.randn(1, 2, 17, 24, requires_grad=True) for _ in range(3))
+    flashattn.flash_attention(q, k, v, causal=True, impl="teaching").sum().backward()
+    assert seen == [24] * 3, seen                                       # forward, dQ, dK/dV
+    seen.clear()
+    beyond.flash_attention(q, k, v, window=(4, 0), impl="teaching").sum().backward()
+    assert seen and set(seen) == {24}, seen
+    seen.clear()
+    bias, tau = torch.zeros(2, 5, requires_grad=True), torch.zeros(2, requires_grad=True)
+    lazy.lazy_attention(q, k, v, bias, tau).sum().backward()
+    assert len(seen) == 4 and set(seen) == {24}, seen                  # forward, preprocess, dQ, dK/dV
