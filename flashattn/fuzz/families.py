@@ -24,6 +24,9 @@ from ..beyond.reference import attention_reference, varlen_reference, window_mas
 from .problems import Problem
 
 GRADS = ("dQ", "dK", "dV")
+#: the outputs whose terms' sizes are counted (term_sizes), and which of them have a row per query
+SIZED = ("O", "dQ", "dK", "dV")
+PER_QUERY = ("O", "dQ")
 
 
 @dataclasses.dataclass
@@ -90,7 +93,7 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
     f64 = dict(dtype=torch.float64, device=q.device)
     out = {"O": torch.empty(q.shape, **f64), "dQ": torch.empty(q.shape, **f64),
            "dK": torch.zeros(k.shape, **f64), "dV": torch.zeros(k.shape, **f64)}
-    size = {"dQ": torch.zeros(q.shape[:3], **f64), "dK": torch.zeros(k.shape[:3], **f64)}
+    size = {n: torch.zeros((q if n in PER_QUERY else k).shape[:3], **f64) for n in SIZED}
     for b in range(B):
         for h in range(H):
             g = h // group
@@ -102,38 +105,62 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
             out["O"][b, h], out["dQ"][b, h] = o[0, 0].detach(), dq[0, 0]
             out["dK"][b, g] += dk[0, 0]
             out["dV"][b, g] += dv[0, 0]
-            rows_dq, rows_dk = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep,
-                                          computed_in)
-            size["dQ"][b, h] = rows_dq
-            size["dK"][b, g] += rows_dk ** 2          # a group's heads add up: their rounding too
-    size["dK"] = size["dK"].sqrt()
+            sizes = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep, computed_in)
+            for n in SIZED:
+                if n in PER_QUERY:
+                    size[n][b, h] = sizes[n]
+                else:
+                    size[n][b, g] += sizes[n] ** 2        # a group's heads add up: their rounding too
+    for n in SIZED:
+        if n not in PER_QUERY:
+            size[n] = size[n].sqrt()
     return out, size
 
 
 @torch.no_grad()
 def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None,
-               computed_in: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """How large the terms are that add up to each row of dQ and dK of one head (float64
-    ``[1, 1, S, D]`` inputs; returns ``[S_q]``, ``[S_k]``). dQ_i = scale * sum_j dS_ij K_j with
-    dS_ij = P_ij (dP_ij - delta_i): where those terms cancel (a row that sees one key has
-    dS = 0 exactly) the result is 0 up to rounding, and rounding is all its error can be
-    judged against. Each term rounds on its own, so the sizes add in quadrature:
-    scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's own
-    rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|. dP_ij = dO_i . V_j
+               computed_in: Optional[torch.dtype] = None) -> dict:
+    """How large the terms are that add up to each row of O, dQ, dK and dV of one head (float64
+    ``[1, 1, S, D]`` inputs; returns ``{"O": [S_q], "dQ": [S_q], "dK": [S_k], "dV": [S_k]}``).
+    dQ_i = scale * sum_j dS_ij K_j with dS_ij = P_ij (dP_ij - delta_i): where those terms cancel
+    (a row that sees one key has dS = 0 exactly) the result is 0 up to rounding, and rounding is
+    all its error can be judged against. Each term rounds on its own, so the sizes add in
+    quadrature: scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's
+    own rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|. dP_ij = dO_i . V_j
     may cancel too: its own rounding is counted in (:func:`dp_rounding`, at the unit of
-    ``computed_in``, default the problem's dtype)."""
+    ``computed_in``, default the problem's dtype). O_i = sum_j P~_ij V_j and dV_j = sum_i P~_ij dO_i
+    (P~ = P with the dropout mask and its 1/(1-p)) round P~ to the dtype before the product: their
+    terms are P~_ij |V_j| and P~_ij |dO_i|. Every quantity the kernels round to the dtype (dS, P~,
+    the stored O that delta reads) is taken at :func:`rounding_magnitude`: near 0, fp16's fixed
+    subnormal spacing, not its relative precision, bounds the rounding (seed 12, problems 436 and
+    586 on an H200: an O of 1e-6 whose dominant key was dropped)."""
+    dtype = computed_in or p.torch_dtype
     scale = q.shape[-1] ** -0.5 if p.scale is None else p.scale
     visible = window_mask(q.shape[2], k.shape[2], p.causal, p.window, q.device)
     s = q @ k.transpose(-1, -2) * scale
     P = torch.where(visible & torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), 0.0)
-    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(computed_in or p.torch_dtype, do, v)
+    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(dtype, do, v)
+    kept = P if keep is None else P * keep / (1.0 - p.dropout_p)      # P~, as the products see it
     if keep is not None:
         dp = dp * keep / (1.0 - p.dropout_p)
-    delta_terms = (do * o).abs().sum(-1, keepdim=True)
-    t2 = (P * (dp + delta_terms)) ** 2
+    delta_terms = (do.abs() * rounding_magnitude(o.abs(), dtype)).sum(-1, keepdim=True)
+    t2 = rounding_magnitude(P * (dp + delta_terms), dtype) ** 2
     rows_dq = (t2 @ (k * k)).sum(-1).sqrt() + delta_terms[..., 0] * (P @ k).norm(dim=-1)
     rows_dk = (t2.transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
-    return scale * rows_dq[0, 0], scale * rows_dk[0, 0]
+    kept2 = rounding_magnitude(kept, dtype) ** 2
+    rows_o = (kept2 @ (v * v)).sum(-1).sqrt()
+    rows_dv = (kept2.transpose(-1, -2) @ (do * do)).sum(-1).sqrt()
+    return {"O": rows_o[0, 0], "dQ": scale * rows_dq[0, 0], "dK": scale * rows_dk[0, 0], "dV": rows_dv[0, 0]}
+
+
+def rounding_magnitude(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What rounding ``t >= 0`` to ``dtype`` is relative to, in units of half its epsilon: ``t``
+    itself above the smallest normal number (``tiny``); below it, the fixed subnormal spacing
+    eps * tiny, whose half may be lost (fp16: 3e-8, relative error 3% at 1e-6) -- though never more
+    than ``t`` itself, which is what rounding to 0 loses. So the rounding error is at most
+    eps / 2 times max(t, min(tiny, 2 t / eps)); for bf16 and fp32 the floor lies below 1e-38."""
+    info = torch.finfo(dtype)
+    return torch.maximum(t, torch.clamp(t * (2.0 / info.eps), max=info.tiny))
 
 
 def dp_rounding(dtype: torch.dtype, do: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -255,8 +282,9 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
     ref = dict(zip(("O",) + GRADS, (o.detach(),) + torch.autograd.grad(o, (qd, kd, vd), do.double())))
     # the terms' sizes, sequence by sequence ([1, 1, S, D] slices of one head), row by row
     H, group = q.shape[1], q.shape[1] // k.shape[1]
-    size = {"dQ": torch.zeros(1, H, q.shape[0], dtype=torch.float64, device=q.device),
-            "dK": torch.zeros(1, k.shape[1], k.shape[0], dtype=torch.float64, device=q.device)}
+    rows_of = {"O": q, "dQ": q, "dK": k, "dV": k}
+    size = {n: torch.zeros(1, rows_of[n].shape[1], rows_of[n].shape[0], dtype=torch.float64, device=q.device)
+            for n in SIZED}
     for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
         for h in range(H):
@@ -264,12 +292,17 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
                 return x[s, head].double()[None, None]
             keep = None if not p.dropout_p else dropout_mask(
                 seed, 1, sq, sk, p.dropout_p, q.device, first_seq_head=b * H + h)[0][None, None]
-            rows_dq, rows_dk = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h),
-                                          one(k, keys, h // group), one(v, keys, h // group), one(do, rows, h),
-                                          o.detach()[rows, h][None, None], lse[rows, h][None, None], keep)
-            size["dQ"][0, h, rows] = rows_dq
-            size["dK"][0, h // group, keys] += rows_dk ** 2
-    size["dK"] = size["dK"].sqrt()
+            sizes = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h),
+                               one(k, keys, h // group), one(v, keys, h // group), one(do, rows, h),
+                               o.detach()[rows, h][None, None], lse[rows, h][None, None], keep)
+            for n in SIZED:
+                if n in PER_QUERY:
+                    size[n][0, h, rows] = sizes[n]
+                else:
+                    size[n][0, h // group, keys] += sizes[n] ** 2
+    for n in SIZED:
+        if n not in PER_QUERY:
+            size[n] = size[n].sqrt()
     floor = {} if p.dropout_p else varlen_floor(p, q, k, v, do, ref, zip(lens_q, lens_k, starts_q, starts_k))
     as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}      # [1, H, total, D], as judged
     return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, floor, size=size,
