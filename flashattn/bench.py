@@ -353,7 +353,9 @@ def _main_host_profile(args, env, argv) -> int:
     out, _ = _output(args, env, argv, "host_profile_")
     stem = args.name or f"host_profile_{device_slug(env['device'])}"
     tables = {shape: bench_host.profile_layers(*shape) for shape in bench_host.PROFILE_SHAPES}
-    text = bench_host.profile_markdown(tables, env, bench_host.per_call())
+    shape = bench_host.PROFILE_SHAPES[0]
+    text = bench_host.profile_markdown(tables, env, bench_host.per_call(),
+                                       engine=(shape, bench_host.engine_handoff(*shape)))
     (out / f"{stem}.md").write_text(text)
     print(text)
     print(f"wrote {out / (stem + '.md')}")

@@ -202,6 +202,54 @@ def profile_layers(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list
     return [(name, round(_per_call_us(fn, calls=200 if "backward" in name else 500), 1)) for name, fn in rows]
 
 
+def engine_handoff(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list[dict]:
+    """Host microseconds per forward + backward (``torch.autograd.grad``) of torch's SDPA, the
+    drop-in and an empty ``autograd.Function``, with autograd's engine as a training loop has it
+    (the backward handed to the engine's CUDA device thread, and waited for) and with
+    ``torch.autograd.set_multithreading_enabled(False)`` (the backward run on the calling thread).
+    The difference is the handoff, paid once per ``backward()``: a loop that calls backward per
+    attention call pays it per call, a training step once for all its layers."""
+    import torch.nn.functional as F
+
+    from . import api
+
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+
+    class Empty(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            ctx.save_for_backward(a, b, c)
+            return torch.empty_like(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b, c = ctx.saved_tensors
+            return torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
+
+    calls = {"torch SDPA": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "flashattn drop-in": lambda: api.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "empty autograd.Function": lambda: Empty.apply(q, k, v)}
+    rows = []
+    for name, forward in calls.items():
+        fwd_bwd = lambda forward=forward: torch.autograd.grad(forward(), (q, k, v), do)   # noqa: E731
+        threaded = _per_call_us(fwd_bwd, calls=200)
+        with torch.autograd.set_multithreading_enabled(False):
+            calling = _per_call_us(fwd_bwd, calls=200)
+        rows.append(dict(call=name, threaded_us=round(threaded, 1), calling_thread_us=round(calling, 1),
+                         handoff_us=round(threaded - calling, 1)))
+    return rows
+
+
+def engine_markdown(shape: tuple, rows: list[dict]) -> list[str]:
+    lines = [f"| forward + backward, B{shape[0]} H{shape[1]} S{shape[2]} D{shape[3]} (us per call, host) | "
+             "engine as in training (device thread) | engine on the calling thread | the handoff |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {r['call']} | {r['threaded_us']:.1f} | {r['calling_thread_us']:.1f} | {r['handoff_us']:.1f} |"
+              for r in rows]
+    return lines
+
+
 #: a practitioner's calls (issue 42's table): bf16, causal, forward + backward of the drop-in
 CALL_SHAPES = ((8, 12, 256, 64), (16, 12, 512, 64), (8, 16, 1024, 64), (4, 32, 2048, 128))
 
@@ -253,7 +301,8 @@ def per_call_markdown(rows: list[dict]) -> list[str]:
     return lines
 
 
-def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None) -> str:
+def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None,
+                     engine: tuple | None = None) -> str:
     """The committed table: one column per shape (and, first, the per-call table of ``per_call``)."""
     shapes = list(tables)
     names = [name for name, _ in tables[shapes[0]]]
@@ -274,4 +323,10 @@ def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None) -
                   "included), the drop-in with launch plans (``flashattn/fast/plans.py``), without them "
                   "(``FLASHATTN_PLANS=0``) and torch's SDPA, in turn, median of 5 rounds of 200 calls.", ""]
         lines += per_call_markdown(calls)
+    if engine:
+        shape, rows = engine
+        lines += ["", "Where a per-call loop's extra time goes: autograd's engine hands every backward to its "
+                  "CUDA device thread and waits for it (``engine_handoff``); a training step pays that once "
+                  "per step, a loop that calls backward per attention call, once per call.", ""]
+        lines += engine_markdown(shape, rows)
     return "\n".join(lines) + "\n"
