@@ -4,8 +4,8 @@ Every family returns an :class:`Outcome`: the kernels' outputs and gradients; th
 reference of each (autograd through a materialised formula, one head at a time so that a
 9,000 x 9,000 score matrix fits); the floor, the error of a plain implementation in the
 problem's own dtype on the same inputs (PyTorch's SDPA where it computes the same function),
-row by row; and for dQ and dK the size of the terms that add up to each row, which bounds what
-rounding alone can do where those terms cancel. :func:`battery.judge` reads them.
+row by row; and for O, dQ, dK and dV the size of the terms that add up to each row, which bounds
+what rounding alone can do where those terms cancel. :func:`battery.judge` reads them.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Outcome:
     #                                                         (per row; per head for the parameters)
 
 
-#: where dQ and dK cancel to ~0, the error allowed is this many units of the products' rounding
+#: where a row's terms cancel to ~0, the error allowed is this many units of the products' rounding
 #: times the size of the terms that make them up, in quadrature (families.term_sizes)
 ROUNDING_UNITS = 4.0
 #: the rounding unit of the kernels' products: half precision's epsilon; for fp32 inputs the
@@ -85,8 +85,8 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
                        computed_in: Optional[torch.dtype] = None) -> tuple[dict, dict]:
     """O, dQ, dK, dV in float64 by autograd through ``beyond.reference.attention_reference``
     (causal, window, dropout with the kernels' own mask from ``keep_for(b, h)``), one (batch,
-    query head) at a time; dK and dV summed over each GQA group. Also returns, per row of dQ
-    and dK, the size of the terms that make it up (:func:`term_sizes`; ``computed_in``: the
+    query head) at a time; dK and dV summed over each GQA group. Also returns, per row of O,
+    dQ, dK and dV, the size of the terms that make it up (:func:`term_sizes`; ``computed_in``: the
     dtype the kernels computed in, where not the inputs', as under autocast)."""
     B, H, S_q, D = q.shape
     group = H // k.shape[1]
@@ -121,35 +121,46 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
 def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None,
                computed_in: Optional[torch.dtype] = None) -> dict:
     """How large the terms are that add up to each row of O, dQ, dK and dV of one head (float64
-    ``[1, 1, S, D]`` inputs; returns ``{"O": [S_q], "dQ": [S_q], "dK": [S_k], "dV": [S_k]}``).
-    dQ_i = scale * sum_j dS_ij K_j with dS_ij = P_ij (dP_ij - delta_i): where those terms cancel
-    (a row that sees one key has dS = 0 exactly) the result is 0 up to rounding, and rounding is
-    all its error can be judged against. Each term rounds on its own, so the sizes add in
-    quadrature: scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's
-    own rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|. dP_ij = dO_i . V_j
-    may cancel too: its own rounding is counted in (:func:`dp_rounding`, at the unit of
-    ``computed_in``, default the problem's dtype). O_i = sum_j P~_ij V_j and dV_j = sum_i P~_ij dO_i
-    (P~ = P with the dropout mask and its 1/(1-p)) round P~ to the dtype before the product: their
-    terms are P~_ij |V_j| and P~_ij |dO_i|. Every quantity the kernels round to the dtype (dS, P~,
-    the stored O that delta reads) is taken at :func:`rounding_magnitude`: near 0, fp16's fixed
-    subnormal spacing, not its relative precision, bounds the rounding (seed 12, problems 436 and
-    586 on an H200: an O of 1e-6 whose dominant key was dropped)."""
+    ``[1, 1, S, D]`` inputs; returns ``{"O": [S_q], "dQ": [S_q], "dK": [S_k], "dV": [S_k]}``), in
+    units of the rounding of one term: where the terms cancel the result is 0 up to rounding, and
+    rounding is all its error can be judged against.
+
+    dQ_i = scale * sum_j dS_ij K_j with dS_ij = P_ij (dP_ij - delta_i) (a row that sees one key has
+    dS = 0 exactly). Each dS_ij rounds on its own, so the sizes add in quadrature: scale *
+    sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2). dP_ij = dO_i . V_j may cancel too: its own
+    rounding is counted in (:func:`dp_rounding`, at the unit of ``computed_in``, default the
+    problem's dtype). delta_i = dO_i . O_i is read from the stored O: its error, common to a whole
+    row of dQ, adds scale * err(delta_i) * |(P K)_i|; in dK, each row's delta error is a term of its
+    own. O_i = sum_j P~_ij V_j and dV_j = sum_i P~_ij dO_i (P~ = P with the dropout mask and its
+    1/(1-p)) round P~ before the product: their terms are P~_ij |V_j| and P~_ij |dO_i|.
+
+    Near 0, fp16 rounds on its fixed subnormal grid, not relative to the value
+    (:func:`rounding_magnitude`): dS, P~ (the fast kernels round P * mask and divide by 1 - p
+    after), the stored O and the forward's P~ V that delta reads (seed 12, problems 436 and 586 on
+    an H200: an O of 7e-6 whose dominant key was dropped). Where every value is a normal number
+    those extras are 0."""
     dtype = computed_in or p.torch_dtype
     scale = q.shape[-1] ** -0.5 if p.scale is None else p.scale
     visible = window_mask(q.shape[2], k.shape[2], p.causal, p.window, q.device)
     s = q @ k.transpose(-1, -2) * scale
     P = torch.where(visible & torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), 0.0)
     dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(dtype, do, v)
-    kept = P if keep is None else P * keep / (1.0 - p.dropout_p)      # P~, as the products see it
+    kept, kept_rounding = P, rounding_magnitude(P, dtype)         # P~, and what its rounding is relative to
     if keep is not None:
         dp = dp * keep / (1.0 - p.dropout_p)
-    delta_terms = (do.abs() * rounding_magnitude(o.abs(), dtype)).sum(-1, keepdim=True)
-    t2 = rounding_magnitude(P * (dp + delta_terms), dtype) ** 2
-    rows_dq = (t2 @ (k * k)).sum(-1).sqrt() + delta_terms[..., 0] * (P @ k).norm(dim=-1)
-    rows_dk = (t2.transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
-    kept2 = rounding_magnitude(kept, dtype) ** 2
-    rows_o = (kept2 @ (v * v)).sum(-1).sqrt()
-    rows_dv = (kept2.transpose(-1, -2) @ (do * do)).sum(-1).sqrt()
+        kept = P * keep / (1.0 - p.dropout_p)
+        kept_rounding = rounding_magnitude(P * keep, dtype) / (1.0 - p.dropout_p)
+    delta_size = (do * o).abs().sum(-1, keepdim=True)
+    # delta's error: O's relative rounding, and on the subnormal grid O's storage and the forward's P~
+    o_abs = o.abs()
+    stored = ((do * (rounding_magnitude(o_abs, dtype) - o_abs)) ** 2).sum(-1, keepdim=True).sqrt()
+    forward = do.norm(dim=-1, keepdim=True) * (((kept_rounding - kept) ** 2) @ (v * v)).sum(-1, keepdim=True).sqrt()
+    delta_error = delta_size + stored + forward
+    ds_terms = rounding_magnitude(P * (dp + delta_size), dtype)
+    rows_dq = ((ds_terms ** 2) @ (k * k)).sum(-1).sqrt() + delta_error[..., 0] * (P @ k).norm(dim=-1)
+    rows_dk = (((ds_terms + P * (delta_error - delta_size)) ** 2).transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
+    rows_o = ((kept_rounding ** 2) @ (v * v)).sum(-1).sqrt()
+    rows_dv = ((kept_rounding ** 2).transpose(-1, -2) @ (do * do)).sum(-1).sqrt()
     return {"O": rows_o[0, 0], "dQ": scale * rows_dq[0, 0], "dK": scale * rows_dk[0, 0], "dV": rows_dv[0, 0]}
 
 
