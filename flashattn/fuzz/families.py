@@ -106,15 +106,23 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
             out["dK"][b, g] += dk[0, 0]
             out["dV"][b, g] += dv[0, 0]
             sizes = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep, computed_in)
-            for n in SIZED:
-                if n in PER_QUERY:
-                    size[n][b, h] = sizes[n]
-                else:
-                    size[n][b, g] += sizes[n] ** 2        # a group's heads add up: their rounding too
+            _add_head_sizes(size, sizes, (b, h), (b, g))
+    return out, _group_norms(size)
+
+
+def _add_head_sizes(size: dict, sizes: dict, query_rows: tuple, key_rows: tuple) -> None:
+    """One query head's :func:`term_sizes` into the whole problem's: rows of O and dQ as they are
+    (at ``query_rows``), rows of dK and dV summed in squares over the GQA group (at ``key_rows``:
+    a group's heads add up, their rounding too; :func:`_group_norms` takes the root)."""
     for n in SIZED:
-        if n not in PER_QUERY:
-            size[n] = size[n].sqrt()
-    return out, size
+        if n in PER_QUERY:
+            size[n][query_rows] = sizes[n]
+        else:
+            size[n][key_rows] += sizes[n] ** 2
+
+
+def _group_norms(size: dict) -> dict:
+    return {n: s if n in PER_QUERY else s.sqrt() for n, s in size.items()}
 
 
 @torch.no_grad()
@@ -306,14 +314,8 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
             sizes = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h),
                                one(k, keys, h // group), one(v, keys, h // group), one(do, rows, h),
                                o.detach()[rows, h][None, None], lse[rows, h][None, None], keep)
-            for n in SIZED:
-                if n in PER_QUERY:
-                    size[n][0, h, rows] = sizes[n]
-                else:
-                    size[n][0, h // group, keys] += sizes[n] ** 2
-    for n in SIZED:
-        if n not in PER_QUERY:
-            size[n] = size[n].sqrt()
+            _add_head_sizes(size, sizes, (0, h, rows), (0, h // group, keys))
+    size = _group_norms(size)
     floor = {} if p.dropout_p else varlen_floor(p, q, k, v, do, ref, zip(lens_q, lens_k, starts_q, starts_k))
     as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}      # [1, H, total, D], as judged
     return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, floor, size=size,
