@@ -103,6 +103,8 @@ def build():
     and return the module, here and now, GPU or not (the CPU tests check its host logic)."""
     from torch.utils import cpp_extension
 
+    if runtime.ninja_on_path() is None:
+        raise RuntimeError("ninja is missing (torch's extension builder needs it): pip install ninja")
     _clear_stale_lock(cpp_extension)
     return cpp_extension.load(name="flashattn_native", sources=[SOURCE], extra_cflags=["-O2"], verbose=False)
 
