@@ -73,8 +73,14 @@ def signature(tensors, scalars) -> tuple:
 def find(key):
     """The plan recorded for ``key`` under the current settings, or None."""
     plan = _plans.get(key)
-    if plan is not None and (plan.settings is settings.current or settings.same_kernels(plan.settings, settings.current)):
-        return plan     # (an ``override`` block entered again makes a new, equal object; FLASHATTN_NATIVE changes no kernel)
+    if plan is None or plan.settings is settings.current:
+        return plan
+    # an ``override`` block entered again makes a new, equal object, and FLASHATTN_NATIVE changes no
+    # kernel: such settings still fit, and the plan takes them on so that the next call finds them
+    # by identity (comparing field by field costs a few microseconds a call)
+    if settings.same_kernels(plan.settings, settings.current):
+        plan.settings = settings.current
+        return plan
     return None
 
 
