@@ -101,15 +101,43 @@ def test_an_offer_is_refused_for_a_do_that_shares_memory_or_has_gaps():
     assert native._refusal(q, k, v, o, torch.randn(1, 2, 8, 16), lse, False, False) is None
 
 
+def test_a_python_exception_raised_under_the_node_comes_out_as_itself(module):
+    """Checkpointing stops its recomputation by raising from a saved-tensor hook, which runs inside
+    the C++ forward: that exception has to reach Python unchanged (an earlier form turned it into
+    a bare RuntimeError, and checkpointed steps failed on an H200, 2026-11-29)."""
+    class Stop(Exception):
+        pass
+
+    def hook():
+        raise Stop("stopped in a hook")
+
+    with pytest.raises(Stop, match="stopped in a hook"):
+        module.call_through(hook)
+
+
+class _NoPlans:
+    """A stand-in for the built module that keeps no plan: the Python node runs, and offers."""
+
+    def attention(self, *args):
+        return None
+
+    def clear(self):
+        pass
+
+    def keep(self, *args):
+        return "a stand-in keeps no plans"
+
+
 def test_non_reentrant_checkpointing_works_while_the_cpp_node_is_ready(monkeypatch):
     """The Python node's backward unpacks its saved tensors once (non-reentrant checkpointing
     refuses a second unpack), also when it offers its plans to a built C++ node."""
     from torch.utils.checkpoint import checkpoint
 
+    import flashattn
     from flashattn import api
 
-    monkeypatch.setattr(native, "_module", object())       # "built": the backward offers its plans
-    q, k, v = (torch.randn(1, 2, 24, 16, requires_grad=True) for _ in range(3))
+    monkeypatch.setattr(native, "_module", _NoPlans())       # "built": the backward offers its plans
+    q, k, v = (torch.randn(1, 2, 24, 16, device=flashattn.default_device(), requires_grad=True) for _ in range(3))
     plain = torch.autograd.grad(api.flash_attention(q, k, v, causal=True, impl="fast").sum(), (q, k, v))
     out = checkpoint(lambda a, b, c: api.flash_attention(a, b, c, causal=True, impl="fast"), q, k, v,
                      use_reentrant=False)

@@ -127,10 +127,11 @@ def test_a_failed_launch_raises_a_runtime_error_not_a_crash(built):
 
 
 def test_non_reentrant_checkpointing_mixes_the_two_nodes_with_the_same_gradients(built):
-    """A checkpointed call runs the C++ node first (its signature is planned) and the Python node
-    when it is recomputed (the recomputed inputs require no gradient: another signature). Both
-    save the same five tensors, so checkpointing accepts the pair, and the gradients are those of
-    the uncheckpointed call, bit for bit."""
+    """A checkpointed call runs the C++ node (its signature is planned). In the backward,
+    checkpointing recomputes the forward and stops the recomputation by raising from its
+    saved-tensor hook once it has the five tensors: that exception has to come out of the C++
+    forward as itself (it came out as a bare RuntimeError on an H200, 2026-11-29). The gradients are
+    those of the uncheckpointed call, bit for bit."""
     from torch.utils.checkpoint import checkpoint
 
     q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -140,7 +141,7 @@ def test_non_reentrant_checkpointing_mixes_the_two_nodes_with_the_same_gradients
             want = torch.autograd.grad(api.flash_attention(q, k, v, causal=True), (q, k, v), do)
         before = native.calls()
         out = checkpoint(lambda a, b, c: api.flash_attention(a, b, c, causal=True), q, k, v, use_reentrant=False)
-        got = torch.autograd.grad(out, (q, k, v), do)
         assert native.calls() == before + 1, "the checkpointed forward should have run the C++ node"
+        got = torch.autograd.grad(out, (q, k, v), do)     # (its recomputation runs the C++ node again)
     for name, a, b in zip(("dQ", "dK", "dV"), got, want):
         assert torch.equal(a, b), f"{name} differs under checkpointing"

@@ -13,6 +13,7 @@
 #include <torch/extension.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/Exceptions.h>
 #include <dlfcn.h>
 
 #include <atomic>
@@ -258,7 +259,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // (a launch can block on a full queue), and any error set as a Python exception here, in this
 // module, rather than thrown through pybind11 to torch's exception translators (on torch 2.11's
 // CUDA build a c10::Error thrown from this module through the binding crashed the process; an
-// H200, 2026-11-29). An out-of-memory error stays torch.OutOfMemoryError.
+// H200, 2026-11-29). An out-of-memory error stays torch.OutOfMemoryError; a Python exception
+// raised under the call (a saved-tensor hook) stays itself.
 void set_python_error(const char* torch_type, PyObject* fallback, const char* message) {
   PyObject* type = nullptr;
   if (PyObject* torch_module = PyImport_ImportModule("torch")) {
@@ -275,6 +277,12 @@ auto in_python(Body body) -> decltype(body()) {
   try {
     pybind11::gil_scoped_release no_gil;   // (taken back as the stack unwinds, before a handler runs)
     return body();
+  } catch (python_error& error) {
+    // a Python exception raised inside (a saved-tensor hook: checkpointing's recomputation stops
+    // early by raising from one) goes back to Python as it was, type and message kept
+    error.restore();
+  } catch (pybind11::error_already_set& error) {
+    error.restore();
   } catch (const c10::OutOfMemoryError& error) {
     set_python_error("OutOfMemoryError", PyExc_RuntimeError, error.what_without_backtrace());
   } catch (const c10::Error& error) {
@@ -393,6 +401,16 @@ pybind11::bytes key(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   return pybind11::bytes(in_python([&] { return signature(q, k, v, causal, scale); }));
 }
 
+// Calls fn the way the node's forward calls a saved-tensor hook: inside in_python, the GIL taken
+// back. For the tests: a Python exception raised in fn has to come out as itself.
+void call_through(const pybind11::function& fn) {
+  in_python([&] {
+    pybind11::gil_scoped_acquire gil;
+    THPObjectPtr result(PyObject_CallObject(fn.ptr(), nullptr));
+    if (!result) throw python_error();
+  });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -407,4 +425,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clear", &clear, "forget every plan");
   m.def("kept", &kept, "how many plans are kept");
   m.def("calls", &calls, "how many forwards the C++ node has run in this process");
+  m.def("call_through", &call_through, "call fn as a saved-tensor hook is called (for the tests)");
 }
