@@ -1,0 +1,211 @@
+"""FlashAttention's backward for Hopper (sm_90) in Gluon, first step (issue 44): one kernel per block
+of keys that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
+
+Work in progress on a branch: compiled offline for sm_90 (``python -m flashattn.hopper.offline
+--backward``), not yet run on a GPU, not wired into any entry point.
+
+Same math as ``flashattn/backward.py``'s dK/dV kernel, turned round as FlashAttention-3 does it: a
+program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product) and walks
+the query tiles (BLOCK_M = 64 rows, the N side), for each query head of its GQA group:
+
+    S^T  = K Q^T                    [BLOCK_N, BLOCK_M]   (wgmma: K and Q from shared memory)
+    P^T  = exp2(S^T * scale * log2 e - LSE * log2 e)     (masked: keys past S_k, rows past S_q, causal)
+    dV  += P^T dO                   [BLOCK_N, D]         (P^T from registers)
+    dP^T = V dO^T                   [BLOCK_N, BLOCK_M]
+    dS^T = P^T (dP^T - delta)
+    dK  += dS^T Q                   [BLOCK_N, D]         (dS^T from registers)
+    dQ  += dS K * scale             [BLOCK_M, D]         (dS^T through shared memory, fp32 atomics)
+
+Q and dO tiles come by the copy engine (TMA) into a ring of ``STAGES`` slots, issued by the
+consumers themselves one tile ahead (no producer warp yet: the forward's "inline" variant). delta
+= rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from its fp32
+buffer after it.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import gluon_api
+from .forward import gluon_dtype, triton_cdiv
+from .host import descriptor_strides
+
+gluon, gl = gluon_api.gluon, gluon_api.gl
+mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
+warpgroup_mma, warpgroup_mma_wait = gluon_api.warpgroup_mma, gluon_api.warpgroup_mma_wait
+fence_async_shared = gluon_api.fence_async_shared
+
+LOG2E = 1.4426950408889634
+#: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
+TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+NUM_WARPS = 8           # two warpgroups: 64 keys each
+
+
+@gluon.jit
+def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
+    """Query tile t (its Q and dO rows) into slot t % STAGES, on that slot's barrier."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    slot = t % STAGES
+    mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
+    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
+def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                      H, GROUP_SIZE, S_q, S_k, scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)             # (batch, K/V head)
+    H_kv = H // GROUP_SIZE
+    b = pid_bh // H_kv
+    h_kv = pid_bh % H_kv
+    start_n = pid_n * BLOCK_N
+
+    # Layouts: the products' accumulators (two warpgroups stacked along the keys), P^T and dS^T as
+    # register operands of the dV and dK products, and dQ's accumulator split along D.
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)     # a vector along BLOCK_N
+    query_cols: gl.constexpr = gl.SliceLayout(0, st_layout)   # a vector along BLOCK_M
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    # Causal: key j is seen by rows i >= j only, so the walk starts at the query tile holding row
+    # start_n; every query head of the group walks the same tiles.
+    m_start = 0
+    if CAUSAL:
+        m_start = (start_n // BLOCK_M) * BLOCK_M
+    n_m = gl.maximum((S_q - m_start + BLOCK_M - 1) // BLOCK_M, 0)
+    n_tiles = n_m * GROUP_SIZE
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0], kv_bar, v_smem)
+    if n_tiles > 0:
+        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE, m_start, 0)
+
+    k = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=key_rows)
+    key_ok = offs_n < S_k
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    qk_scale = scale * 1.4426950408889634     # log2 e (a literal: kernels see no globals)
+    mbarrier.wait(kv_bar, 0)
+
+    for t in range(n_tiles):
+        g = t // n_m
+        h = h_kv * GROUP_SIZE + g
+        start_m = m_start + (t % n_m) * BLOCK_M
+        # Tile t + 1 into the other slot: every warp is past tile t - 1, which read it.
+        gl.thread_barrier()
+        if t + 1 < n_tiles:
+            nxt = t + 1
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE + nxt // n_m,
+                       m_start + (nxt % n_m) * BLOCK_M, nxt)
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+
+        st = warpgroup_mma(k, q.permute((1, 0)), st_zero, use_acc=False, is_async=True)       # S^T = K Q^T
+        dpt = warpgroup_mma(v, do.permute((1, 0)), st_zero, use_acc=False, is_async=True)     # dP^T = V dO^T
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=query_cols)
+        row_ok = offs_m < S_q
+        row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
+        lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+        delta = gl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        visible = row_ok[None, :] & key_ok[:, None]
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :])
+        pt = gl.where(visible, gl.exp2(st * qk_scale - lse2[None, :]), 0.0)
+        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do, dv, is_async=True)  # dV += P^T dO
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+        dst = pt * (dpt - delta[None, :])                                                    # dS^T
+        ds_smem.store(dst.to(dtype))
+        dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q, dk, is_async=True)  # dK += dS^T Q
+        fence_async_shared()
+        gl.thread_barrier()                   # both warpgroups' rows of dS^T are in shared memory
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k, dq_zero, use_acc=False, is_async=True)  # dS K
+        dq, dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dk, dv))
+        dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+        dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]
+        gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_rows < S_q)[:, None])
+
+    # dK = scale * sum dS^T Q; both stored where the keys exist.
+    offs_nk = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    keep = (offs_nk < S_k)[:, None]
+    dk_ptrs = DK + b.to(gl.int64) * stride_dk_b + h_kv.to(gl.int64) * stride_dk_h + offs_nk[:, None] * stride_dk_s
+    dv_ptrs = DV + b.to(gl.int64) * stride_dv_b + h_kv.to(gl.int64) * stride_dv_h + offs_nk[:, None] * stride_dv_s
+    gl.store(dk_ptrs + offs_d[None, :], (dk * scale).to(dtype), mask=keep)
+    gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=keep)
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+
+# --------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------
+def block_shapes(head_dim: int) -> dict:
+    BLOCK_M, BLOCK_N, _ = TILES[head_dim]
+    return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
+
+
+def make_descriptor(t: torch.Tensor, block_shape: list):
+    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gluon_dtype(t.dtype))
+    return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
+
+
+def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float):
+    """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed."""
+    B, H, S_q, D = q.shape
+    H_kv, S_k = k.shape[1], k.shape[2]
+    BLOCK_M, BLOCK_N, STAGES = TILES[D]
+    dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
+    dk = torch.empty((B, H_kv, S_k, D), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, H_kv, S_k, D), dtype=v.dtype, device=v.device)
+    shapes = block_shapes(D)
+    descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
+             make_descriptor(do, shapes["q"]))
+    grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
+    args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale)
+    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
+                   NUM_WARPS=NUM_WARPS, num_warps=NUM_WARPS)
+    return grid, args, options, dq_acc, dk, dv
+
+
+def launch(q, k, v, o, do, lse, causal: bool, scale: float):
+    """dQ, dK, dV as the ``tl`` fast backward returns them (inputs checked by the caller: the
+    forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""
+    from ..fast.backward import backward_delta
+
+    delta = backward_delta(o, do)
+    grid, args, options, dq_acc, dk, dv = launch_args(q, k, v, do, lse.contiguous(), delta.contiguous(),
+                                                      causal, scale)
+    hopper_bwd_kernel[grid](*args, **options)
+    return dq_acc.to(q.dtype), dk, dv
