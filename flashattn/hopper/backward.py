@@ -27,7 +27,7 @@ import torch
 
 from . import gluon_api
 from .forward import gluon_dtype, triton_cdiv
-from .host import descriptor_strides
+from .host import descriptor_strides, layout_problem
 
 gluon, gl = gluon_api.gluon, gluon_api.gl
 mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
@@ -53,7 +53,7 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
 def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                       stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                      H, GROUP_SIZE, S_q, S_k, scale,
+                      H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
@@ -110,7 +110,6 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
     dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
-    qk_scale = scale * 1.4426950408889634     # log2 e (a literal: kernels see no globals)
     mbarrier.wait(kv_bar, 0)
 
     for t in range(n_tiles):
@@ -140,19 +139,21 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
         if CAUSAL:
             visible = visible & (offs_n[:, None] <= offs_m[None, :])
         pt = gl.where(visible, gl.exp2(st * qk_scale - lse2[None, :]), 0.0)
-        dv = warpgroup_mma(gl.convert_layout(pt.to(dtype), op_layout), do, dv, is_async=True)  # dV += P^T dO
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do, dv, is_async=True)                                     # dV += P^T dO
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         dst = pt * (dpt - delta[None, :])                                                    # dS^T
         ds_smem.store(dst.to(dtype))
-        dk = warpgroup_mma(gl.convert_layout(dst.to(dtype), op_layout), q, dk, is_async=True)  # dK += dS^T Q
+        ds_op = gl.convert_layout(dst.to(dtype), op_layout)
+        dk = warpgroup_mma(ds_op, q, dk, is_async=True)                                      # dK += dS^T Q
         fence_async_shared()
         gl.thread_barrier()                   # both warpgroups' rows of dS^T are in shared memory
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k, dq_zero, use_acc=False, is_async=True)  # dS K
-        dq, dk, dv = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dk, dv))
+        dq, dk, dv, pt_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dk, dv, pt_op, ds_op))
         dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
         dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
         dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]
-        gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_rows < S_q)[:, None])
+        gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_rows < S_q)[:, None], sem="relaxed")
 
     # dK = scale * sum dS^T Q; both stored where the keys exist.
     offs_nk = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -183,17 +184,19 @@ def make_descriptor(t: torch.Tensor, block_shape: list):
 
 def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float):
     """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed."""
+    from .. import runtime
+
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N, STAGES = TILES[D]
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
-    dk = torch.empty((B, H_kv, S_k, D), dtype=k.dtype, device=k.device)
-    dv = torch.empty((B, H_kv, S_k, D), dtype=v.dtype, device=v.device)
+    dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
+    dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
     shapes = block_shapes(D)
     descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
              make_descriptor(do, shapes["q"]))
     grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
-    args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale)
+    args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
                    NUM_WARPS=NUM_WARPS, num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv
@@ -204,6 +207,8 @@ def launch(q, k, v, o, do, lse, causal: bool, scale: float):
     forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""
     from ..fast.backward import backward_delta
 
+    if layout_problem(do, "dO"):          # the copy engine's rules (a stride-0 dO from .sum(), ...)
+        do = do.contiguous()
     delta = backward_delta(o, do)
     grid, args, options, dq_acc, dk, dv = launch_args(q, k, v, do, lse.contiguous(), delta.contiguous(),
                                                       causal, scale)

@@ -67,7 +67,7 @@ def compile_backward(dtype: str, head_dim: int, causal: bool):
             "H", "GROUP_SIZE", "S_q", "S_k")
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
                      do_desc=desc(shapes["q"]), LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", DK=f"*{dtype}",
-                     DV=f"*{dtype}", **{n: "i32" for n in ints}, scale="fp32",
+                     DV=f"*{dtype}", **{n: "i32" for n in ints}, scale="fp32", qk_scale="fp32",
                      **{name: "constexpr" for name in constants})
     src = GluonASTSource(bwd.hopper_bwd_kernel, signature, constexprs=constants)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bwd.NUM_WARPS})
