@@ -17,11 +17,12 @@ SHAPES = [(1, 2, 2, 1, 1), (2, 4, 2, 65, 65), (1, 8, 2, 127, 300), (2, 2, 2, 100
           (1, 2, 2, 2048, 2048), (2, 16, 4, 4096, 4096)]
 
 
+@pytest.mark.parametrize("variant", ["inline", "ws"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}/{}Sq{}Sk{}".format(*s))
-def test_gradients_match_the_reference(shape, D, causal, dtype):
+def test_gradients_match_the_reference(shape, D, causal, dtype, variant):
     from flashattn.hopper import backward as bwd
 
     B, H, H_kv, S_q, S_k = shape
@@ -29,8 +30,8 @@ def test_gradients_match_the_reference(shape, D, causal, dtype):
         rand(B, H_kv, S_k, D, dtype=dtype), rand(B, H, S_q, D, dtype=dtype)
     scale = D ** -0.5
     o, lse = hopper.attention_forward(q, k, v, causal, scale)
-    dq, dk, dv = bwd.launch(q, k, v, o, do, lse, causal, scale)
-    again = bwd.launch(q, k, v, o, do, lse, causal, scale)     # dK, dV take no atomics: bit for bit
+    dq, dk, dv = bwd.launch(q, k, v, o, do, lse, causal, scale, variant=variant)
+    again = bwd.launch(q, k, v, o, do, lse, causal, scale, variant=variant)     # dK, dV take no atomics: bit for bit
     assert torch.equal(dk, again[1]) and torch.equal(dv, again[2]), "dK / dV differ between two runs (a race?)"
     ref = reference(q, k, v, do, causal=causal, scale=scale)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]

@@ -16,8 +16,11 @@ the query tiles (BLOCK_M = 64 rows, the N side), for each query head of its GQA 
     dK  += dS^T Q                   [BLOCK_N, D]         (dS^T from registers)
     dQ  += dS K * scale             [BLOCK_M, D]         (dS^T through shared memory, fp32 atomics)
 
-Q and dO tiles come by the copy engine (TMA) into a ring of ``STAGES`` slots, issued by the
-consumers themselves one tile ahead (no producer warp yet: the forward's "inline" variant). delta
+Q and dO tiles come by the copy engine (TMA) into a ring of ``STAGES`` slots: issued by the consumers
+themselves one tile ahead ("inline", as the forward's variant), or by a producer warp on 24 registers
+that keeps the ring full while the consumers get 240 (``setmaxnreg``; "ws"). dQ's product runs in two
+column halves, so that half its accumulator is in registers at a time: offline for sm_90, D 128
+spilled 168-188 bytes with it whole and none (8 causal) in halves ("inline"). delta
 = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from its fp32
 buffer after it.
 """
@@ -38,6 +41,11 @@ LOG2E = 1.4426950408889634
 #: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
 TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
 NUM_WARPS = 8           # two warpgroups: 64 keys each
+PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
+#: variant -> (WARP_SPECIALIZE, STAGES): "inline" the consumers issue the copies one tile ahead;
+#: "ws" a producer warp keeps the ring full, STAGES deep
+VARIANTS = {"inline": (False, 2), "ws": (True, 2)}
+DEFAULT_VARIANT = "inline"
 
 
 @gluon.jit
@@ -50,89 +58,82 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
 
 
-@gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
-def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
-                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                      H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
-                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
-    pid_n = gl.program_id(0)
-    pid_bh = gl.program_id(1)             # (batch, K/V head)
-    H_kv = H // GROUP_SIZE
-    b = pid_bh // H_kv
-    h_kv = pid_bh % H_kv
-    start_n = pid_n * BLOCK_N
+@gluon.jit
+def _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE):
+    """Query tile t of the walk: (query head, first row). Every query head of the GQA group walks
+    the same n_m tiles from m_start."""
+    BLOCK_M: gl.constexpr = 64
+    return h_kv * GROUP_SIZE + t // n_m, m_start + (t % n_m) * BLOCK_M
 
+
+@gluon.jit
+def _producer(q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles):
+    """The producer warp: every query tile's Q and dO rows as the consumers free their slots."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    for t in range(n_tiles):
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE)
+        mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)   # a fresh barrier: free
+        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t)
+
+
+@gluon.jit
+def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
+              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr):
+    """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
+    dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
+    else arrive on a slot's "empty" barrier once its tile's products are done."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[2]
+    HEAD_DIM: gl.constexpr = k_smem.shape[3]
+    STAGES: gl.constexpr = q_smem.shape[0]
     # Layouts: the products' accumulators (two warpgroups stacked along the keys), P^T and dS^T as
     # register operands of the dV and dK products, and dQ's accumulator split along D.
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                         instr_shape=[16, BLOCK_M, 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                                        instr_shape=[16, HEAD_DIM // 2, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
+                                                        instr_shape=[16, HEAD_DIM // 2 // (NUM_WARPS // 4), 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)     # a vector along BLOCK_N
     query_cols: gl.constexpr = gl.SliceLayout(0, st_layout)   # a vector along BLOCK_M
 
-    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
-    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    # Causal: key j is seen by rows i >= j only, so the walk starts at the query tile holding row
-    # start_n; every query head of the group walks the same tiles.
-    m_start = 0
-    if CAUSAL:
-        m_start = (start_n // BLOCK_M) * BLOCK_M
-    n_m = gl.maximum((S_q - m_start + BLOCK_M - 1) // BLOCK_M, 0)
-    n_tiles = n_m * GROUP_SIZE
-
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0], kv_bar, v_smem)
-    if n_tiles > 0:
-        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE, m_start, 0)
-
+    if LOADS:
+        if n_tiles > 0:
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE, m_start, 0)
     k = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.reshape([BLOCK_N, HEAD_DIM])
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=key_rows)
     key_ok = offs_n < S_k
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
-    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
-    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
     mbarrier.wait(kv_bar, 0)
 
     for t in range(n_tiles):
-        g = t // n_m
-        h = h_kv * GROUP_SIZE + g
-        start_m = m_start + (t % n_m) * BLOCK_M
-        # Tile t + 1 into the other slot: every warp is past tile t - 1, which read it.
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE)
+        # Every warp is past tile t - 1: its slot may take tile t + 1, and dS^T's buffer is free.
         gl.thread_barrier()
-        if t + 1 < n_tiles:
-            nxt = t + 1
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE + nxt // n_m,
-                       m_start + (nxt % n_m) * BLOCK_M, nxt)
+        if LOADS:
+            if t + 1 < n_tiles:
+                h_next, m_next = _tile_head_and_rows(t + 1, n_m, m_start, h_kv, GROUP_SIZE)
+                _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_next, m_next, t + 1)
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
         do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
 
+        # (the accumulators' zeros are made where they are used: held across the loop they took registers)
+        st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
         st = warpgroup_mma(k, q.permute((1, 0)), st_zero, use_acc=False, is_async=True)       # S^T = K Q^T
         dpt = warpgroup_mma(v, do.permute((1, 0)), st_zero, use_acc=False, is_async=True)     # dP^T = V dO^T
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=query_cols)
         row_ok = offs_m < S_q
         row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
-        lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634
+        lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634   # log2 e
         delta = gl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
         visible = row_ok[None, :] & key_ok[:, None]
@@ -142,18 +143,26 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do, dv, is_async=True)                                     # dV += P^T dO
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
-        dst = pt * (dpt - delta[None, :])                                                    # dS^T
-        ds_smem.store(dst.to(dtype))
-        ds_op = gl.convert_layout(dst.to(dtype), op_layout)
+        ds = (pt * (dpt - delta[None, :])).to(dtype)                                         # dS^T
+        ds_smem.store(ds)
+        dv, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))   # P^T's registers free again
+        ds_op = gl.convert_layout(ds, op_layout)
         dk = warpgroup_mma(ds_op, q, dk, is_async=True)                                      # dK += dS^T Q
         fence_async_shared()
         gl.thread_barrier()                   # both warpgroups' rows of dS^T are in shared memory
-        dq = warpgroup_mma(ds_smem.permute((1, 0)), k, dq_zero, use_acc=False, is_async=True)  # dS K
-        dq, dk, dv, pt_op, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dq, dk, dv, pt_op, ds_op))
-        dq_rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-        dq_cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
-        dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_rows[:, None] * HEAD_DIM + dq_cols[None, :]
-        gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_rows < S_q)[:, None], sem="relaxed")
+        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        if not LOADS:
+            mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
+        # dQ = dS K in column halves: half the accumulator in registers at a time
+        for half in gl.static_range(2):
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
+            dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
+                               dq_zero, use_acc=False, is_async=True)
+            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+            dq_r = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+            dq_c = half * (HEAD_DIM // 2) + gl.arange(0, HEAD_DIM // 2, layout=gl.SliceLayout(0, dq_layout))
+            dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_r[:, None] * HEAD_DIM + dq_c[None, :]
+            gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None], sem="relaxed")
 
     # dK = scale * sum dS^T Q; both stored where the keys exist.
     offs_nk = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -164,9 +173,93 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     gl.store(dk_ptrs + offs_d[None, :], (dk * scale).to(dtype), mask=keep)
     gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=keep)
 
+
+# A partition's function gets the partition's arguments only, so each role is a function of its own with
+# its switches written in: (CAUSAL, NUM_WARPS, LOADS).
+@gluon.jit
+def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                     stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                     k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                     b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
+    _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False)
+
+
+@gluon.jit
+def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                   k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
+    _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
+def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                      H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                      WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)             # (batch, K/V head)
+    H_kv = H // GROUP_SIZE
+    b = pid_bh // H_kv
+    h_kv = pid_bh % H_kv
+    start_n = pid_n * BLOCK_N
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    # Causal: key j is seen by rows i >= j only, so the walk starts at the query tile holding row
+    # start_n (BLOCK_N is a multiple of BLOCK_M).
+    m_start = 0
+    if CAUSAL:
+        m_start = (start_n // BLOCK_M) * BLOCK_M
+    n_m = gl.maximum((S_q - m_start + BLOCK_M - 1) // BLOCK_M, 0)
+    n_tiles = n_m * GROUP_SIZE
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0], kv_bar, v_smem)
+
+    consumer_args = (q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                     stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                     k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                     b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale)
+    producer_args = (q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles)
+    if WARP_SPECIALIZE:
+        if CAUSAL:
+            gl.warp_specialize([(_consumer_causal, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_consumer_full, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
+    else:
+        _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                  stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                  k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                  b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
+                  CAUSAL, NUM_WARPS, True)
+
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 
 
 # --------------------------------------------------------------------------------------
@@ -182,13 +275,14 @@ def make_descriptor(t: torch.Tensor, block_shape: list):
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 
-def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float):
+def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: str = DEFAULT_VARIANT):
     """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed."""
     from .. import runtime
 
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    BLOCK_M, BLOCK_N, STAGES = TILES[D]
+    BLOCK_M, BLOCK_N, _ = TILES[D]
+    warp_specialize, STAGES = VARIANTS[variant]
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
@@ -198,11 +292,12 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float):
     grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
     args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
-                   NUM_WARPS=NUM_WARPS, num_warps=NUM_WARPS)
+                   NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
+                   num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv
 
 
-def launch(q, k, v, o, do, lse, causal: bool, scale: float):
+def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str = DEFAULT_VARIANT):
     """dQ, dK, dV as the ``tl`` fast backward returns them (inputs checked by the caller: the
     forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""
     from ..fast.backward import backward_delta
@@ -211,6 +306,6 @@ def launch(q, k, v, o, do, lse, causal: bool, scale: float):
         do = do.contiguous()
     delta = backward_delta(o, do)
     grid, args, options, dq_acc, dk, dv = launch_args(q, k, v, do, lse.contiguous(), delta.contiguous(),
-                                                      causal, scale)
+                                                      causal, scale, variant)
     hopper_bwd_kernel[grid](*args, **options)
     return dq_acc.to(q.dtype), dk, dv

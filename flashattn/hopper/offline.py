@@ -45,7 +45,7 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def compile_backward(dtype: str, head_dim: int, causal: bool):
+def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "inline"):
     """The Gluon backward (``backward.hopper_bwd_kernel``) for sm_90, as ``compile_variant``."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -55,14 +55,15 @@ def compile_backward(dtype: str, head_dim: int, causal: bool):
 
     gdt = {"fp16": bwd.gl.float16, "bf16": bwd.gl.bfloat16}[dtype]
     shapes = bwd.block_shapes(head_dim)
-    BLOCK_M, BLOCK_N, STAGES = bwd.TILES[head_dim]
+    BLOCK_M, BLOCK_N, _ = bwd.TILES[head_dim]
+    warp_specialize, STAGES = bwd.VARIANTS[variant]
 
     def desc(block):
         layout = bwd.gl.NVMMASharedLayout.get_default_for(block, gdt)
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
     constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
-                     NUM_WARPS=bwd.NUM_WARPS)
+                     NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS)
     ints = ("stride_dk_b", "stride_dk_h", "stride_dk_s", "stride_dv_b", "stride_dv_h", "stride_dv_s",
             "H", "GROUP_SIZE", "S_q", "S_k")
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
@@ -139,12 +140,13 @@ def main(argv=None) -> None:
     parser.add_argument("--backward", action="store_true", help="compile the Gluon backward instead")
     args = parser.parse_args(argv)
     if args.backward:
-        for dtype, D, causal in itertools.product(("fp16", "bf16"), (64, 128), (False, True)):
-            name = f"bwd {dtype} D{D} {'causal' if causal else 'full'}"
+        for dtype, D, causal, variant in itertools.product(("fp16", "bf16"), (64, 128), (False, True),
+                                                           ("inline", "ws")):
+            name = f"bwd {dtype} D{D} {'causal' if causal else 'full'} {variant}"
             if not all(word in name.split() for word in args.only):
                 continue
             try:
-                k = compile_backward(dtype, D, causal)
+                k = compile_backward(dtype, D, causal, variant)
             except Exception as exc:   # noqa: BLE001 -- report every variant
                 print(f"{name:34} FAILED: {type(exc).__name__}: {str(exc)[:1500]}")
                 continue
