@@ -301,6 +301,25 @@ def show_numbered_source(obj, start: Optional[str] = None, stop: Optional[str] =
 # --------------------------------------------------------------------------------------
 # lesson 02: the tiles of S and what one program holds
 # --------------------------------------------------------------------------------------
+def show_file_passage(path: str, start: str, stop: str) -> None:
+    """Print the lines of ``path`` (relative to the repository, e.g. ``flashattn/hopper/forward.py``)
+    from the first line containing ``start`` to the next containing ``stop``, numbered as in the
+    file, as :func:`show_numbered_source` prints them: for source a lesson cannot import here (the
+    Gluon kernels, which need a Triton with their Gluon API)."""
+    root = Path(__file__).resolve().parent.parent
+    lines = (root / path).read_text().split("\n")
+    found = [n for n, line in enumerate(lines) if start in line]
+    if not found:
+        raise ValueError(f"{start!r} does not occur in {path}")
+    lo = found[0]
+    ends = [n for n, line in enumerate(lines) if n >= lo and stop in line]
+    if not ends:
+        raise ValueError(f"{stop!r} does not occur after {start!r} in {path}")
+    print(f"# {path}, lines {lo + 1}-{ends[0] + 1}")
+    for n in range(lo, ends[0] + 1):
+        print(f"{n + 1:4d} | {lines[n].rstrip()}")
+
+
 def plot_program_tiles(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int, *, program: int = 1,
                        step: Optional[int] = None, causal: bool = False, ax=None):
     """Draw the ``S_q x S_k`` score matrix cut into ``BLOCK_M x BLOCK_N`` tiles.

@@ -169,3 +169,18 @@ def test_flashattn_imports_where_triton_has_no_gluon():
         "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_ring_model_holds_the_kernels_parities_and_fails_wrong_ones():
+    """Lesson 12's model of the mbarrier ring: the forward's slot and parity formulas read every tile
+    in order under random schedules, for 1-4 slots; a consumer parity that forgets the slot's reuse,
+    a producer that waits on the ready parity, and a consumer that never waits (it reads a slot
+    before the copy lands) each fail."""
+    from flashattn.hopper import lesson
+
+    for stages in (1, 2, 3, 4):
+        assert lesson.ring_is_sound(stages, 25, runs=100) == (True, ""), stages
+    assert not lesson.ring_is_sound(3, 25, consumer_parity=lambda j: j & 1)[0]
+    assert not lesson.ring_is_sound(3, 25, producer_parity=lambda j: (j // 3) & 1)[0]
+    ok, why = lesson.ring_is_sound(3, 25, consumer_parity=lambda j: 1)      # a fresh barrier's free phase
+    assert not ok and "read slot" in why, why

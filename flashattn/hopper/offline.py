@@ -5,7 +5,9 @@ for) compiles every variant -- fp16/bf16, D = 64/128, causal or not, ``forward.V
 pingpong, inline) -- through Gluon's own ``GluonASTSource`` and ``triton.compile`` for ``GPUTarget("cuda", 90, 32)``,
 then prints per variant: registers per thread, spills (ptxas -v on the PTX), shared memory, and
 whether ptxas serialised any wgmma (its "Potential Performance Loss" warning). No driver is needed:
-compilation is the front end, LLVM and ptxas.
+compilation is the front end, LLVM and ptxas. On a machine without a GPU run it as
+``TRITON_INTERPRET=0 python -m flashattn.hopper.offline``: there ``import flashattn`` switches Triton's
+interpreter on, and a kernel made under it cannot be compiled (its ``gl.max`` is an interpreted function).
 """
 from __future__ import annotations
 
@@ -139,6 +141,11 @@ def main(argv=None) -> None:
                         "(launch_args + warmup, a stand-in driver)")
     parser.add_argument("--backward", action="store_true", help="compile the Gluon backward instead")
     args = parser.parse_args(argv)
+    from .. import runtime
+    if runtime.INTERPRET:
+        parser.error("Triton's interpreter is on (TRITON_INTERPRET=1, or set by flashattn on a machine without a "
+                     "GPU), and kernels made under it do not compile: run it as TRITON_INTERPRET=0 python -m "
+                     "flashattn.hopper.offline")
     if args.backward:
         for dtype, D, causal, variant in itertools.product(("fp16", "bf16"), (64, 128), (False, True),
                                                            ("inline", "ws")):

@@ -1,0 +1,196 @@
+"""What lesson 12 (``notebooks/12_hopper_gluon.ipynb``) computes and draws, on any machine: the
+committed H200 measurements of the Gluon forward's variants, a model of the mbarrier ring the
+kernels use (the same slot and parity formulas, run by a random scheduler), and a schematic of the
+three schedules. Plain Python, torch and matplotlib: no Gluon, no GPU.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Callable, Optional
+
+#: the committed benchmark of the forward's variants (``python -m flashattn.hopper.bench``)
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "gluon_forward_h200.json"
+#: providers in the order the lesson names them: the tl kernel, the Gluon variants, the references
+PROVIDERS = ("tl-fast", "gluon-inline", "gluon-ws", "gluon-ws2", "gluon-pingpong", "sdpa-cudnn", "sdpa-flash")
+
+
+def forward_results(path: Path = RESULTS) -> tuple[dict, list]:
+    """(environment, rows) of the committed run: one row per shape, TFLOP/s per provider."""
+    data = json.loads(Path(path).read_text())
+    rows = next(v for v in data.values() if isinstance(v, list))
+    return data.get("environment", {}), rows
+
+
+def shape_name(row: dict) -> str:
+    return f"D{row['D']} S{row['S']}" + (" causal" if row["causal"] else "")
+
+
+def ratio_table(rows: list, over: str = "sdpa-cudnn") -> list[tuple[str, dict]]:
+    """Per shape, every provider's TFLOP/s over ``over``'s (above 1: faster than it)."""
+    return [(shape_name(r), {p: r[p] / r[over] for p in PROVIDERS if p in r}) for r in rows]
+
+
+def plot_forward_tflops(rows: list, providers=PROVIDERS, ax=None):
+    """Grouped bars: TFLOP/s per shape and provider."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(13, 4.2))
+    width = 0.8 / len(providers)
+    colors = {"tl-fast": "#777777", "gluon-inline": "#9ecae1", "gluon-ws": "#4292c6", "gluon-ws2": "#2171b5",
+              "gluon-pingpong": "#08306b", "sdpa-cudnn": "#e6550d", "sdpa-flash": "#fdae6b"}
+    for i, p in enumerate(providers):
+        ax.bar([x + (i - len(providers) / 2 + 0.5) * width for x in range(len(rows))], [r[p] for r in rows],
+               width, label=p, color=colors.get(p))
+    ax.set_xticks(range(len(rows)), [shape_name(r).replace(" ", "\n") for r in rows], fontsize=8)
+    ax.set_ylabel("TFLOP/s (forward, bf16)")
+    ax.set_ylim(0, 1.2 * max(r[p] for r in rows for p in providers))
+    ax.legend(ncol=len(providers), fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+# --------------------------------------------------------------------------------------
+# the mbarrier ring, modelled
+# --------------------------------------------------------------------------------------
+class MBarrier:
+    """An mbarrier as the kernels use it: ``count`` arrivals complete a phase; ``ready(parity)``
+    is true once the phase of that parity has completed. A fresh barrier is in phase 0, so
+    ``ready(1)`` holds at once: it counts as having completed the phase before its first."""
+
+    def __init__(self, count: int = 1):
+        self.count, self.phase, self.arrived = count, 0, 0
+
+    def arrive(self) -> None:
+        self.arrived += 1
+        if self.arrived == self.count:
+            self.phase, self.arrived = self.phase + 1, 0
+
+    def ready(self, parity: int) -> bool:
+        return (self.phase & 1) != parity
+
+
+def kernel_parities(stages: int) -> tuple[Callable, Callable]:
+    """The formulas of ``forward._load_kv`` and the consumer loop: tile j's slot j % STAGES, its
+    "ready" parity (j // STAGES) & 1, and the producer's "empty" parity, the other one."""
+    return (lambda j: (j // stages) & 1), (lambda j: ((j // stages) & 1) ^ 1)
+
+
+def simulate_ring(stages: int, tiles: int, seed: int = 0, consumer_parity: Optional[Callable] = None,
+                  producer_parity: Optional[Callable] = None, max_steps: int = 100_000) -> dict:
+    """Run a producer and a consumer over ``tiles`` tiles and ``stages`` slots, each step letting a
+    randomly chosen side go on if its barrier lets it. Returns what happened: ``read`` (the tile
+    the consumer found in the slot, per tile), ``overwritten`` (tiles whose slot was refilled
+    before they were read), ``deadlock`` (neither side could go on) and ``max_ahead`` (how many
+    tiles the producer ran ahead). The parities default to the kernels'; pass others to see a
+    wrong one fail."""
+    ready_parity, empty_parity = kernel_parities(stages)
+    consumer_parity = consumer_parity or ready_parity
+    producer_parity = producer_parity or empty_parity
+    ready = [MBarrier() for _ in range(stages)]
+    empty = [MBarrier() for _ in range(stages)]
+    slots: list = [None] * stages
+    unread: set = set()
+    rng = random.Random(seed)
+    produced = consumed = 0
+    read, overwritten, max_ahead = [], [], 0
+    for _ in range(max_steps):
+        if consumed == tiles:
+            return dict(read=read, overwritten=overwritten, deadlock=False, max_ahead=max_ahead)
+        can_produce = produced < tiles and empty[produced % stages].ready(producer_parity(produced))
+        can_consume = consumed < produced and ready[consumed % stages].ready(consumer_parity(consumed))
+        # (a consumer whose barrier says "ready" for a tile not yet produced reads whatever is there)
+        early = consumed >= produced and consumed < tiles and ready[consumed % stages].ready(consumer_parity(consumed))
+        options = [side for side, ok in (("produce", can_produce), ("consume", can_consume or early)) if ok]
+        if not options:
+            return dict(read=read, overwritten=overwritten, deadlock=True, max_ahead=max_ahead)
+        if rng.choice(options) == "produce":
+            slot = produced % stages
+            if slots[slot] in unread:
+                overwritten.append(slots[slot])
+                unread.discard(slots[slot])
+            slots[slot] = produced
+            unread.add(produced)
+            ready[slot].arrive()              # the copy engine's bytes have landed
+            produced += 1
+            max_ahead = max(max_ahead, produced - consumed)
+        else:
+            slot = consumed % stages
+            read.append(slots[slot])
+            unread.discard(slots[slot])
+            empty[slot].arrive()              # no product reads the slot any more
+            consumed += 1
+    return dict(read=read, overwritten=overwritten, deadlock=True, max_ahead=max_ahead)
+
+
+def ring_is_sound(stages: int, tiles: int, runs: int = 200, **wrong) -> tuple[bool, str]:
+    """(True, "") if in ``runs`` random schedules every tile was read in order, none overwritten
+    unread and nothing deadlocked; else (False, the first thing that went wrong)."""
+    for seed in range(runs):
+        r = simulate_ring(stages, tiles, seed=seed, **wrong)
+        bad = next((j for j, t in enumerate(r["read"]) if t != j), None)   # what went wrong first
+        if bad is not None:
+            return False, f"schedule {seed}: tile {bad} read slot {bad % stages} holding tile {r['read'][bad]}"
+        if r["overwritten"]:
+            return False, f"schedule {seed}: tile {r['overwritten'][0]} overwritten before it was read"
+        if r["deadlock"]:
+            return False, f"schedule {seed}: deadlock after {len(r['read'])} of {tiles} tiles"
+    return True, ""
+
+
+# --------------------------------------------------------------------------------------
+# the three schedules, drawn
+# --------------------------------------------------------------------------------------
+def plot_schedules(steps: int = 4, gemm: float = 1.0, softmax: float = 0.6, ax=None):
+    """A schematic (not a measurement) of one CTA's two warpgroups over ``steps`` key tiles: when the
+    tensor cores (shared by both) run their products, and when each does its softmax (on its own
+    units). A tile's products for both warpgroups take ``gemm``, a softmax ``softmax``.
+    "in step": both issue, wait, then both do their softmax (period gemm + softmax);
+    "softmax under the next product": the products of tile j + 1 are issued before the softmax of
+    tile j (period max(gemm, softmax)); "ping-pong": each warpgroup's products (half of them) run
+    while the other does its softmax (period max(gemm, gemm / 2 + softmax))."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 3.8))
+    colors = {"product": "#2171b5", "softmax": "#fd8d3c"}
+
+    def bar(lane_y, start, length, kind, label, half=0):
+        # half: 0 the whole lane, -1 / +1 its upper / lower half (two things at once)
+        top, height = (lane_y - 0.35, 0.7) if half == 0 else (lane_y - 0.35 + (half + 1) * 0.18, 0.34)
+        ax.broken_barh([(start, length)], (top, height), color=colors[kind], alpha=0.9, edgecolor="white")
+        ax.text(start + length / 2, top + height / 2, label, ha="center", va="center", fontsize=7, color="white")
+
+    lanes = []
+    t = 0.0                                        # 1. in step
+    for j in range(steps):
+        bar(0, t, gemm, "product", f"S{j}, PV")
+        bar(0, t + gemm, softmax, "softmax", f"softmax {j}")
+        t += gemm + softmax
+    lanes.append("in step (both warpgroups)")
+    end_in_step = t
+    t = 0.0                                        # 2. softmax under the next product
+    for j in range(steps):
+        bar(1, j * max(gemm, softmax), gemm, "product", f"S{j}, PV", half=-1)
+        bar(1, j * max(gemm, softmax) + gemm, softmax, "softmax", f"softmax {j}", half=+1)
+    lanes.append("softmax under the next product")
+    period = max(gemm, gemm / 2 + softmax)          # 3. ping-pong
+    for wg in range(2):
+        for j in range(steps):
+            start = j * period + wg * gemm / 2
+            bar(2 + wg, start, gemm / 2, "product", f"S{j}")
+            bar(2 + wg, start + gemm / 2, softmax, "softmax", f"sm {j}")
+        lanes.append(f"ping-pong, warpgroup {wg}")
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+    ax.set_xlabel("time (both warpgroups' products for one tile = 1)")
+    ax.set_xlim(0, end_in_step + 0.2)
+    ax.invert_yaxis()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, ["products (tensor cores, shared)", "softmax (exp2, max, sums: each warpgroup's own)"],
+              fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+    ax.set_title(f"a schematic, not a measurement: {steps} tiles take {end_in_step:.1f} in step, "
+                 f"{(steps - 1) * max(gemm, softmax) + gemm + softmax:.1f} with the softmax under the next product, "
+                 f"{(steps - 1) * period + gemm + softmax:.1f} in ping-pong", fontsize=9)
+    return ax
