@@ -30,7 +30,7 @@ What is different is who waits for whom:
   each arriving on "empty" (count 2): nothing keeps them in step, so one's softmax can run under the
   other's products; "pingpong", as ws2 with FA3's explicit ordering (each step's products are issued
   by one warpgroup, then the other, through a pair of "turn" mbarriers); "inline", no producer: the
-  consumers issue the loads themselves, ``STAGES - 1`` tiles ahead, after a barrier of the CTA.
+  consumers issue the loads themselves, STAGES - 2 tiles ahead of need (none at D = 128), per CTA barrier.
 * Masks only where needed: a tile is masked (keys past S_k; causal: keys past the row) only when
   its last key is past ``free_end``; tiles above the causal diagonal are never loaded. Causal query
   blocks run longest first (program 0 takes the last block).
@@ -133,7 +133,7 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
     """A consumer: products, softmax, epilogue for ``ROWS`` query rows of the block, from row
     ``WG * ROWS`` on (all of it with one consumer partition of 8 warps; a half each with two
     partitions of one warpgroup, ``CONSUMERS=2``). ``LOADS``: also issue the copies (no producer
-    warp), STAGES - 1 tiles ahead. ``PINGPONG`` (two consumers): each step's two products are issued
+    warp), STAGES - 2 tiles ahead. ``PINGPONG`` (two consumers): each step's two products are issued
     in turn, first one warpgroup's, then the other's (``turn``: a barrier per warpgroup, arrived on
     by the other once it has issued its own), so that one's softmax runs under the other's products."""
     dtype: gl.constexpr = q_desc.dtype

@@ -52,10 +52,10 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    _check_api()
-    if _version(VERSION) not in WRITTEN_FOR:
+    if _version(VERSION) not in WRITTEN_FOR:      # first: the release is what a reader can act on
         raise ImportError(f"triton {VERSION}: the Gluon kernels were written for triton "
                           + " or ".join(f"{a}.{b}" for a, b in WRITTEN_FOR))
+    _check_api()
 except Exception as exc:   # ImportError, AttributeError, a signature that cannot be read ...
     ERROR = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ImportError) else str(exc)
 
