@@ -234,8 +234,10 @@ def dot_precision(dtype: torch.dtype, head_dim: Optional[int] = None) -> str:
     needs more than the head dim, and is not known."""
     if dtype != torch.float32:
         return "tf32"
-    major = 0 if INTERPRET else torch.cuda.get_device_capability()[0]
-    if INTERPRET or major < 8 or (major == 9 and head_dim is not None and head_dim % 16):
+    if INTERPRET:
+        return "ieee"
+    major = torch.cuda.get_device_capability()[0]
+    if major < 8 or (major == 9 and head_dim is not None and head_dim % 16):
         return "ieee"
     return "tf32x3"
 

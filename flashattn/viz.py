@@ -278,21 +278,37 @@ def show_numbered_source(obj, start: Optional[str] = None, stop: Optional[str] =
     fn = getattr(obj, "fn", obj)
     lines, first = inspect.getsourcelines(fn)
     path = inspect.getsourcefile(fn) or "?"
-    lo, hi = 0, len(lines)
-    if start is not None:
-        found = [n for n, line in enumerate(lines) if start in line]
-        if not found:
-            raise ValueError(f"{start!r} does not occur in the source of {fn.__name__}")
-        lo = found[0]
-    if stop is not None:
-        found = [n for n, line in enumerate(lines) if n >= lo and stop in line]
-        if not found:
-            raise ValueError(f"{stop!r} does not occur after {start!r} in {fn.__name__}")
-        hi = found[0] + 1
     try:
         shown = Path(path).resolve().relative_to(Path(__file__).resolve().parent.parent).as_posix()
     except ValueError:
         shown = path
+    _print_passage(shown, lines, first, start, stop, f"the source of {fn.__name__}")
+
+
+def show_file_passage(path: str, start: str, stop: str) -> None:
+    """As :func:`show_numbered_source`, for a file (relative to the repository, e.g.
+    ``flashattn/hopper/forward.py``) rather than a function: for source a lesson cannot import
+    here (the Gluon kernels, which need a Triton with their Gluon API)."""
+    root = Path(__file__).resolve().parent.parent
+    _print_passage(path, (root / path).read_text().split("\n"), 1, start, stop, path)
+
+
+def _print_passage(shown: str, lines: list, first: int, start: Optional[str], stop: Optional[str],
+                   what: str) -> None:
+    """``lines`` (the first one numbered ``first``) from the first holding ``start`` to the next
+    holding ``stop``, under a ``# path, lines a-b`` header (what tests/test_notebook_outputs.py
+    checks against the file)."""
+    lo, hi = 0, len(lines)
+    if start is not None:
+        found = [n for n, line in enumerate(lines) if start in line]
+        if not found:
+            raise ValueError(f"{start!r} does not occur in {what}")
+        lo = found[0]
+    if stop is not None:
+        found = [n for n, line in enumerate(lines) if n >= lo and stop in line]
+        if not found:
+            raise ValueError(f"{stop!r} does not occur after {start!r} in {what}")
+        hi = found[0] + 1
     print(f"# {shown}, lines {first + lo}-{first + hi - 1}")
     for n in range(lo, hi):
         print(f"{first + n:4d} | {lines[n].rstrip()}")
@@ -301,25 +317,6 @@ def show_numbered_source(obj, start: Optional[str] = None, stop: Optional[str] =
 # --------------------------------------------------------------------------------------
 # lesson 02: the tiles of S and what one program holds
 # --------------------------------------------------------------------------------------
-def show_file_passage(path: str, start: str, stop: str) -> None:
-    """Print the lines of ``path`` (relative to the repository, e.g. ``flashattn/hopper/forward.py``)
-    from the first line containing ``start`` to the next containing ``stop``, numbered as in the
-    file, as :func:`show_numbered_source` prints them: for source a lesson cannot import here (the
-    Gluon kernels, which need a Triton with their Gluon API)."""
-    root = Path(__file__).resolve().parent.parent
-    lines = (root / path).read_text().split("\n")
-    found = [n for n, line in enumerate(lines) if start in line]
-    if not found:
-        raise ValueError(f"{start!r} does not occur in {path}")
-    lo = found[0]
-    ends = [n for n, line in enumerate(lines) if n >= lo and stop in line]
-    if not ends:
-        raise ValueError(f"{stop!r} does not occur after {start!r} in {path}")
-    print(f"# {path}, lines {lo + 1}-{ends[0] + 1}")
-    for n in range(lo, ends[0] + 1):
-        print(f"{n + 1:4d} | {lines[n].rstrip()}")
-
-
 def plot_program_tiles(S_q: int, S_k: int, BLOCK_M: int, BLOCK_N: int, *, program: int = 1,
                        step: Optional[int] = None, causal: bool = False, ax=None):
     """Draw the ``S_q x S_k`` score matrix cut into ``BLOCK_M x BLOCK_N`` tiles.

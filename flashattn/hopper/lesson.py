@@ -103,10 +103,9 @@ def simulate_ring(stages: int, tiles: int, seed: int = 0, consumer_parity: Optio
         if consumed == tiles:
             return dict(read=read, overwritten=overwritten, deadlock=False, max_ahead=max_ahead)
         can_produce = produced < tiles and empty[produced % stages].ready(producer_parity(produced))
-        can_consume = consumed < produced and ready[consumed % stages].ready(consumer_parity(consumed))
         # (a consumer whose barrier says "ready" for a tile not yet produced reads whatever is there)
-        early = consumed >= produced and consumed < tiles and ready[consumed % stages].ready(consumer_parity(consumed))
-        options = [side for side, ok in (("produce", can_produce), ("consume", can_consume or early)) if ok]
+        can_consume = consumed < tiles and ready[consumed % stages].ready(consumer_parity(consumed))
+        options = [side for side, ok in (("produce", can_produce), ("consume", can_consume)) if ok]
         if not options:
             return dict(read=read, overwritten=overwritten, deadlock=True, max_ahead=max_ahead)
         if rng.choice(options) == "produce":
