@@ -59,10 +59,9 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
 
 
 @gluon.jit
-def _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE):
+def _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M: gl.constexpr):
     """Query tile t of the walk: (query head, first row). Every query head of the GQA group walks
     the same n_m tiles from m_start."""
-    BLOCK_M: gl.constexpr = 64
     return h_kv * GROUP_SIZE + t // n_m, m_start + (t % n_m) * BLOCK_M
 
 
@@ -71,7 +70,7 @@ def _producer(q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZ
     """The producer warp: every query tile's Q and dO rows as the consumers free their slots."""
     STAGES: gl.constexpr = q_smem.shape[0]
     for t in range(n_tiles):
-        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE)
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
         mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)   # a fresh barrier: free
         _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t)
 
@@ -114,12 +113,12 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     mbarrier.wait(kv_bar, 0)
 
     for t in range(n_tiles):
-        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE)
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
         # Every warp is past tile t - 1: its slot may take tile t + 1, and dS^T's buffer is free.
         gl.thread_barrier()
         if LOADS:
             if t + 1 < n_tiles:
-                h_next, m_next = _tile_head_and_rows(t + 1, n_m, m_start, h_kv, GROUP_SIZE)
+                h_next, m_next = _tile_head_and_rows(t + 1, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
                 _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_next, m_next, t + 1)
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
