@@ -50,6 +50,9 @@ PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it 
 #: "ws" a producer warp keeps the ring full, STAGES deep
 VARIANTS = {"inline": (False, 2), "ws": (True, 2)}
 DEFAULT_VARIANT = "inline"
+#: what the kernel does with dQ (``DQ``), for measuring its cost (the "inline" variant only):
+#: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
+DQ_MODES = {"atomics": 2, "stores": 1, "none": 0}
 
 
 @gluon.jit
@@ -84,10 +87,12 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
               b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
-              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr):
+              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, DQ: gl.constexpr):
     """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
     dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
-    else arrive on a slot's "empty" barrier once its tile's products are done."""
+    else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
+    measuring what dQ costs (``DQ_MODES``): 2 computes it, 1 stores its tiles without atomics (a
+    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ)."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[2]
@@ -147,25 +152,31 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         dv = warpgroup_mma(pt_op, do, dv, is_async=True)                                     # dV += P^T dO
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         ds = (pt * (dpt - delta[None, :])).to(dtype)                                         # dS^T
-        ds_smem.store(ds)
+        if DQ > 0:
+            ds_smem.store(ds)
         dv, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))   # P^T's registers free again
         ds_op = gl.convert_layout(ds, op_layout)
         dk = warpgroup_mma(ds_op, q, dk, is_async=True)                                      # dK += dS^T Q
-        fence_async_shared()
-        gl.thread_barrier()                   # both warpgroups' rows of dS^T are in shared memory
+        if DQ > 0:
+            fence_async_shared()
+            gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         if not LOADS:
             mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
         # dQ = dS K in column halves: half the accumulator in registers at a time
-        for half in gl.static_range(2):
-            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
-            dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
-                               dq_zero, use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-            dq_r = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-            dq_c = half * (HEAD_DIM // 2) + gl.arange(0, HEAD_DIM // 2, layout=gl.SliceLayout(0, dq_layout))
-            dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_r[:, None] * HEAD_DIM + dq_c[None, :]
-            gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None], sem="relaxed")
+        if DQ > 0:
+            for half in gl.static_range(2):
+                dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
+                dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
+                                   dq_zero, use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+                dq_r = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
+                dq_c = half * (HEAD_DIM // 2) + gl.arange(0, HEAD_DIM // 2, layout=gl.SliceLayout(0, dq_layout))
+                dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_r[:, None] * HEAD_DIM + dq_c[None, :]
+                if DQ == 2:
+                    gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None], sem="relaxed")
+                else:
+                    gl.store(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None])
 
     # dK = scale * sum dS^T Q; both stored where the keys exist.
     offs_nk = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -187,7 +198,7 @@ def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2)
 
 
 @gluon.jit
@@ -198,7 +209,7 @@ def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
@@ -207,7 +218,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                       H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                      WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)             # (batch, K/V head)
@@ -257,7 +268,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                   k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
-                  CAUSAL, NUM_WARPS, True)
+                  CAUSAL, NUM_WARPS, True, DQ)
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
@@ -278,8 +289,12 @@ def make_descriptor(t: torch.Tensor, block_shape: list):
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 
-def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: str = DEFAULT_VARIANT):
-    """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed."""
+def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: str = DEFAULT_VARIANT,
+                dq_mode: str = "atomics"):
+    """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed.
+    ``dq_mode`` other than "atomics" gives a wrong dQ: it is for measuring (``DQ_MODES``)."""
+    if dq_mode != "atomics" and VARIANTS[variant][0]:
+        raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' variant only, not {variant!r}")
     from .. import runtime
 
     B, H, S_q, D = q.shape
@@ -296,11 +311,12 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
                    NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
-                   num_warps=NUM_WARPS)
+                   DQ=DQ_MODES[dq_mode], num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv
 
 
-def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str = DEFAULT_VARIANT):
+def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str = DEFAULT_VARIANT,
+           dq_mode: str = "atomics"):
     """dQ, dK, dV as the ``tl`` fast backward returns them (inputs checked by the caller: the
     forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""
     from ..fast.backward import backward_delta
@@ -309,6 +325,6 @@ def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str = DE
         do = do.contiguous()
     delta = backward_delta(o, do)
     grid, args, options, dq_acc, dk, dv = launch_args(q, k, v, do, lse.contiguous(), delta.contiguous(),
-                                                      causal, scale, variant)
+                                                      causal, scale, variant, dq_mode)
     hopper_bwd_kernel[grid](*args, **options)
     return dq_acc.to(q.dtype), dk, dv

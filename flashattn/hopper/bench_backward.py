@@ -3,7 +3,16 @@
 bf16 and fp16, B * S = 16k, H * D = 2048, S 4k/16k, D 64/128, causal both; every provider in one
 process, timed by ``triton.testing.do_bench``; TFLOP/s = 2.5 x the forward's 4 B H S^2 D (halved
 when causal), as ``bench_common.attention_flops`` counts the backward. Work in progress (branch
-gluon-backward); its first run is ``results/gluon_backward_h200.txt``."""
+gluon-backward); its first run is ``results/gluon_backward_h200.txt``.
+
+    python -m flashattn.hopper.bench_backward              # the table
+    python -m flashattn.hopper.bench_backward --ablation   # what dQ costs: the inline variant with
+        # dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
+    ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu
+        # one launch of each variant (bf16 D128 S4k, full), between cudaProfilerStart and Stop
+"""
+import sys
+
 import torch, triton, torch.nn.functional as F
 from flashattn import hopper
 from flashattn.hopper import backward as bwd
@@ -36,5 +45,41 @@ def main() -> None:
                     print(f"D{D} S{S} {causal}: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
+def _inputs(dtype, B, H, S, D, causal):
+    q, k, v, do = (torch.randn(B, H, S, D, device="cuda", dtype=dtype) for _ in range(4))
+    o, lse = hopper.attention_forward(q, k, v, causal, D ** -0.5)
+    return q, k, v, o, do, lse
+
+
+def ablation() -> None:
+    """The inline variant with dQ by atomics, by plain stores and without it: what dQ costs."""
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
+    for D in (64, 128):
+        for causal in (False, True):
+            B, H, S = 4, 2048 // D, 4096
+            q, k, v, o, do, lse = _inputs(torch.bfloat16, B, H, S, D, causal)
+            flops = 10 * B * H * S * S * D / (2 if causal else 1)
+            ms = {mode: triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
+                                                                  variant="inline", dq_mode=mode))
+                  for mode in bwd.DQ_MODES}
+            ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
+            print(f"bf16 D{D} S{S} {'causal' if causal else 'full'}: " +
+                  "  ".join(f"{n} {flops / m / 1e9:.0f}" for n, m in ms.items()) + " TFLOP/s (dQ modes counted as the whole)",
+                  flush=True)
+
+
+def ncu_launches() -> None:
+    """Warm up, then one launch of each variant between cudaProfilerStart and cudaProfilerStop."""
+    q, k, v, o, do, lse = _inputs(torch.bfloat16, 4, 16, 4096, 128, False)
+    for variant in bwd.VARIANTS:
+        bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for variant in bwd.VARIANTS:
+        bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 if __name__ == "__main__":
-    main()
+    {"--ablation": ablation, "--ncu": ncu_launches}.get(sys.argv[1] if len(sys.argv) > 1 else "", main)()

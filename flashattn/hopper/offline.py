@@ -47,7 +47,7 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "inline"):
+def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "inline", dq_mode: str = "atomics"):
     """The Gluon backward (``backward.hopper_bwd_kernel``) for sm_90, as ``compile_variant``."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -65,7 +65,8 @@ def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "in
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
     constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
-                     NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS)
+                     NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS,
+                     DQ=bwd.DQ_MODES[dq_mode])
     ints = ("stride_dk_b", "stride_dk_h", "stride_dk_s", "stride_dv_b", "stride_dv_h", "stride_dv_s",
             "H", "GROUP_SIZE", "S_q", "S_k")
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
