@@ -17,12 +17,15 @@ SHAPES = [(1, 2, 2, 1, 1), (2, 4, 2, 65, 65), (1, 8, 2, 127, 300), (2, 2, 2, 100
           (1, 2, 2, 2048, 2048), (2, 16, 4, 4096, 4096)]
 
 
-@pytest.mark.parametrize("variant", ["inline", "ws"])
+#: (variant, head dim): every variant of ``backward.VARIANTS`` where its tiles fit ("m128" at D 64 only)
+VARIANT_DIMS = [(v, D) for v in ("inline", "pair", "lag", "ws") for D in (64, 128)] + [("m128", 64)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("variant, D", VARIANT_DIMS, ids=lambda x: x if isinstance(x, str) else f"D{x}")
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}/{}Sq{}Sk{}".format(*s))
-def test_gradients_match_the_reference(shape, D, causal, dtype, variant):
+def test_gradients_match_the_reference(shape, variant, D, causal, dtype):
     from flashattn.hopper import backward as bwd
 
     B, H, H_kv, S_q, S_k = shape
@@ -44,3 +47,10 @@ def test_gradients_match_the_reference(shape, D, causal, dtype, variant):
         err, floor = (per_head_error(x, ref[name], HEAD_NORM_FLOOR) for x in (got, theirs))
         allowed = torch.maximum(2.0 * floor, torch.full_like(floor, 0.2 * TOL[dtype])).clamp_max(TOL[dtype])
         assert (err <= allowed).all(), f"{name}: ours\n{err}\nSDPA's\n{floor}"
+
+
+def test_variant_list_is_every_variant():
+    from flashattn.hopper import backward as bwd
+
+    assert {v for v, _ in VARIANT_DIMS} == set(bwd.VARIANTS)
+    assert all(bwd.fits(D, v) for v, D in VARIANT_DIMS)

@@ -39,6 +39,7 @@ from .host import descriptor_strides, layout_problem
 gluon, gl = gluon_api.gluon, gluon_api.gl
 mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
 warpgroup_mma, warpgroup_mma_wait = gluon_api.warpgroup_mma, gluon_api.warpgroup_mma_wait
+warpgroup_mma_init = gluon_api.warpgroup_mma_init
 fence_async_shared = gluon_api.fence_async_shared
 
 LOG2E = 1.4426950408889634
@@ -46,9 +47,13 @@ LOG2E = 1.4426950408889634
 TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
 NUM_WARPS = 8           # two warpgroups: 64 keys each
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
-#: variant -> (WARP_SPECIALIZE, STAGES): "inline" the consumers issue the copies one tile ahead;
-#: "ws" a producer warp keeps the ring full, STAGES deep
-VARIANTS = {"inline": (False, 2), "ws": (True, 2)}
+#: variant -> (WARP_SPECIALIZE, STAGES, DQ_PIPE, BLOCK_M or None for TILES'): "inline" the consumers
+#: issue the copies one tile ahead; "pair" as inline, dQ's halves queued together (``DQ_PIPE`` 1);
+#: "lag" as inline, each tile's dQ product run ahead of the next tile's and added under its dV
+#: product (2); "m128" inline with query tiles of 128 rows (half the waits per product); "ws" a
+#: producer warp keeps the ring full, STAGES deep
+VARIANTS = {"inline": (False, 2, 0, None), "pair": (False, 2, 1, None), "lag": (False, 2, 2, None),
+            "m128": (False, 2, 0, 128), "ws": (True, 2, 0, None)}
 DEFAULT_VARIANT = "inline"
 #: what the kernel does with dQ (``DQ``), for measuring its cost (the "inline" variant only):
 #: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
@@ -83,16 +88,36 @@ def _producer(q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZ
 
 
 @gluon.jit
+def _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, col0, HEAD_DIM: gl.constexpr, DQ: gl.constexpr):
+    """dQ's columns col0.. of one query tile (rows from start_m of the head whose rows start at
+    ``row``) added into the fp32 buffer, whose rows are HEAD_DIM long; ``DQ`` 1 stores them instead (a wrong dQ, for timing)."""
+    BLOCK_M: gl.constexpr = dq.shape[0]
+    dq_r = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq.type.layout))
+    dq_c = col0 + gl.arange(0, dq.shape[1], layout=gl.SliceLayout(0, dq.type.layout))
+    dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_r[:, None] * HEAD_DIM + dq_c[None, :]
+    if DQ == 2:
+        gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None], sem="relaxed")
+    else:
+        gl.store(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None])
+
+
+@gluon.jit
 def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
               b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
-              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, DQ: gl.constexpr):
+              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, DQ: gl.constexpr,
+              DQ_PIPE: gl.constexpr):
     """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
     dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
     else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
     measuring what dQ costs (``DQ_MODES``): 2 computes it, 1 stores its tiles without atomics (a
-    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ)."""
+    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``DQ_PIPE``: 0
+    dQ's two column halves one after the other, each waited for; 1 both halves queued behind dK's
+    product, the first added while the second runs; 2 ("lag") tile t's whole dQ product is left
+    running behind tile t + 1's S^T and dP^T and added under tile t + 1's dV product (dS^T then
+    needs two buffers: tile t + 1 writes one while tile t's product reads the other)."""
+    DQ_LAG: gl.constexpr = DQ_PIPE == 2
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[2]
@@ -106,6 +131,8 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                                                         instr_shape=[16, HEAD_DIM, 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
                                                         instr_shape=[16, HEAD_DIM // 2 // (NUM_WARPS // 4), 16])
+    dq_whole_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
+                                                              instr_shape=[16, HEAD_DIM // (NUM_WARPS // 4), 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)     # a vector along BLOCK_N
     query_cols: gl.constexpr = gl.SliceLayout(0, st_layout)   # a vector along BLOCK_M
@@ -120,6 +147,8 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     mbarrier.wait(kv_bar, 0)
+    if DQ_LAG:      # the lagging tile's dQ product, carried from one iteration to the next
+        dq_lag = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_whole_layout))
 
     for t in range(n_tiles):
         h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
@@ -143,6 +172,9 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
         lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634   # log2 e
         delta = gl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
+        if DQ_LAG:      # tile t - 1's dQ product ran ahead of S^T and dP^T. (Waiting for all three:
+            # ptxas serialises every wgmma if the loop's carried accumulator is read behind a partial wait.)
+            dq_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dq_lag, ))
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
         visible = row_ok[None, :] & key_ok[:, None]
         if CAUSAL:
@@ -150,33 +182,52 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         pt = gl.where(visible, gl.exp2(st * qk_scale - lse2[None, :]), 0.0)
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do, dv, is_async=True)                                     # dV += P^T dO
+        if DQ_LAG:      # tile t - 1's dQ goes out while the dV product runs
+            if t > 0:
+                h_prev, m_prev = _tile_head_and_rows(t - 1, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M)
+                _add_dq(dq_prev, DQ_ACC, (b * H + h_prev).to(gl.int64) * S_q, m_prev, S_q, scale, 0, HEAD_DIM, DQ)
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         ds = (pt * (dpt - delta[None, :])).to(dtype)                                         # dS^T
+        ds_buf = 0
+        if DQ_LAG:
+            ds_buf = t % 2
         if DQ > 0:
-            ds_smem.store(ds)
+            ds_smem.index(ds_buf).store(ds)
         dv, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))   # P^T's registers free again
         ds_op = gl.convert_layout(ds, op_layout)
         dk = warpgroup_mma(ds_op, q, dk, is_async=True)                                      # dK += dS^T Q
         if DQ > 0:
             fence_async_shared()
             gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
-        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        if DQ > 0 and DQ_PIPE == 1:       # dQ = dS K, both column halves queued behind dK's product
+            ds_t = ds_smem.index(0).permute((1, 0))
+            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
+            dq0 = warpgroup_mma(ds_t, k.slice(0, HEAD_DIM // 2, dim=1), dq_zero, use_acc=False, is_async=True)
+            dq1 = warpgroup_mma(ds_t, k.slice(HEAD_DIM // 2, HEAD_DIM // 2, dim=1), dq_zero, use_acc=False,
+                                is_async=True)
+            dk, ds_op = warpgroup_mma_wait(num_outstanding=2, deps=(dk, ds_op))
+            dq0 = warpgroup_mma_wait(num_outstanding=1, deps=(dq0, ))
+            _add_dq(dq0, DQ_ACC, row, start_m, S_q, scale, 0, HEAD_DIM, DQ)          # under dq1's product
+            dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
+            _add_dq(dq1, DQ_ACC, row, start_m, S_q, scale, HEAD_DIM // 2, HEAD_DIM, DQ)
+        else:
+            dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         if not LOADS:
             mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
-        # dQ = dS K in column halves: half the accumulator in registers at a time
-        if DQ > 0:
+        if DQ_LAG:      # dQ = dS K, left running (waited for in the next iteration, or after the loop)
+            dq_lag = warpgroup_mma(ds_smem.index(ds_buf).permute((1, 0)), k, dq_lag, use_acc=False, is_async=True)
+        elif DQ > 0 and DQ_PIPE == 0:     # dQ = dS K in column halves: half the accumulator in registers at a time
             for half in gl.static_range(2):
                 dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
-                dq = warpgroup_mma(ds_smem.permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
+                dq = warpgroup_mma(ds_smem.index(0).permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
                                    dq_zero, use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
-                dq_r = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))
-                dq_c = half * (HEAD_DIM // 2) + gl.arange(0, HEAD_DIM // 2, layout=gl.SliceLayout(0, dq_layout))
-                dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_r[:, None] * HEAD_DIM + dq_c[None, :]
-                if DQ == 2:
-                    gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None], sem="relaxed")
-                else:
-                    gl.store(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None])
+                _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, half * (HEAD_DIM // 2), HEAD_DIM, DQ)
+    if DQ_LAG:
+        if n_tiles > 0:
+            dq_last = warpgroup_mma_wait(num_outstanding=0, deps=(dq_lag, ))
+            h_last, m_last = _tile_head_and_rows(n_tiles - 1, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M)
+            _add_dq(dq_last, DQ_ACC, (b * H + h_last).to(gl.int64) * S_q, m_last, S_q, scale, 0, HEAD_DIM, DQ)
 
     # dK = scale * sum dS^T Q; both stored where the keys exist.
     offs_nk = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -198,7 +249,7 @@ def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, 0)
 
 
 @gluon.jit
@@ -209,7 +260,7 @@ def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, 0)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
@@ -218,7 +269,8 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                       H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
-                      WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ: gl.constexpr):
+                      WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ: gl.constexpr,
+                      DQ_PIPE: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)             # (batch, K/V head)
@@ -232,7 +284,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)   # two for DQ_PIPE 2
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -268,7 +320,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                   k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
-                  CAUSAL, NUM_WARPS, True, DQ)
+                  CAUSAL, NUM_WARPS, True, DQ, DQ_PIPE)
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
@@ -279,8 +331,22 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
 # --------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------
-def block_shapes(head_dim: int) -> dict:
+def fits(head_dim: int, variant: str) -> bool:
+    """Whether the variant's tiles fit in shared memory at this head dim ("m128" holds 256 KB at D 128)."""
+    return VARIANTS[variant][3] is None or head_dim <= 64
+
+
+def tiles(head_dim: int, variant: str = DEFAULT_VARIANT) -> tuple:
+    """(BLOCK_M, BLOCK_N) of a variant at this head dim."""
+    if not fits(head_dim, variant):
+        raise ValueError(f"the backward's {variant!r} variant is for head dim 64, not {head_dim}: its tiles "
+                         "would need more shared memory than an SM has")
     BLOCK_M, BLOCK_N, _ = TILES[head_dim]
+    return VARIANTS[variant][3] or BLOCK_M, BLOCK_N
+
+
+def block_shapes(head_dim: int, variant: str = DEFAULT_VARIANT) -> dict:
+    BLOCK_M, BLOCK_N = tiles(head_dim, variant)
     return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
 
 
@@ -293,25 +359,25 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
                 dq_mode: str = "atomics"):
     """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed.
     ``dq_mode`` other than "atomics" gives a wrong dQ: it is for measuring (``DQ_MODES``)."""
-    if dq_mode != "atomics" and VARIANTS[variant][0]:
+    if dq_mode != "atomics" and variant != "inline":
         raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' variant only, not {variant!r}")
     from .. import runtime
 
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    BLOCK_M, BLOCK_N, _ = TILES[D]
-    warp_specialize, STAGES = VARIANTS[variant]
+    BLOCK_M, BLOCK_N = tiles(D, variant)
+    warp_specialize, STAGES, dq_pipe, _ = VARIANTS[variant]
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
-    shapes = block_shapes(D)
+    shapes = block_shapes(D, variant)
     descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
              make_descriptor(do, shapes["q"]))
     grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
     args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
                    NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
-                   DQ=DQ_MODES[dq_mode], num_warps=NUM_WARPS)
+                   DQ=DQ_MODES[dq_mode], DQ_PIPE=dq_pipe, num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv
 
 

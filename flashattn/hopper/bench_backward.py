@@ -1,11 +1,11 @@
-"""The Gluon backward (``backward.py``, both variants) against the ``tl`` fast backward and cuDNN's
+"""The Gluon backward (``backward.py``, every variant) against the ``tl`` fast backward and cuDNN's
 (SDPA with ``CUDNN_ATTENTION``), on a Hopper GPU: ``python -m flashattn.hopper.bench_backward``.
 bf16 and fp16, B * S = 16k, H * D = 2048, S 4k/16k, D 64/128, causal both; every provider in one
 process, timed by ``triton.testing.do_bench``; TFLOP/s = 2.5 x the forward's 4 B H S^2 D (halved
 when causal), as ``bench_common.attention_flops`` counts the backward. Work in progress (branch
 gluon-backward); its first run is ``results/gluon_backward_h200.txt``.
 
-    python -m flashattn.hopper.bench_backward              # the table
+    python -m flashattn.hopper.bench_backward              # the table (--bf16: bf16 only)
     python -m flashattn.hopper.bench_backward --ablation   # what dQ costs: the inline variant with
         # dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
     ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu
@@ -19,9 +19,9 @@ from flashattn.hopper import backward as bwd
 from flashattn.fast.backward import fast_attention_backward
 
 
-def main() -> None:
+def main(dtypes=(torch.bfloat16, torch.float16)) -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in dtypes:
         for D, S in ((64, 4096), (128, 4096), (64, 16384), (128, 16384)):
             for causal in (False, True):
                 B, H = max(1, 16384 // S), 2048 // D
@@ -30,8 +30,10 @@ def main() -> None:
                     o, lse = hopper.attention_forward(q, k, v, causal, D ** -0.5)
                     flops = 10 * B * H * S * S * D / (2 if causal else 1)
                     ms = {}
-                    for var in ("inline", "ws"):
-                        ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5, variant=var))
+                    for var in bwd.VARIANTS:
+                        if bwd.fits(D, var):
+                            ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
+                                                                                 variant=var))
                     ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
                     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
                     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
@@ -40,9 +42,13 @@ def main() -> None:
                     tf = {n: flops / m / 1e9 for n, m in ms.items()}
                     print(f"{str(dtype)[6:]} D{D} S{S} B{B} H{H} {'causal' if causal else 'full'}: " +
                           "  ".join(f"{n} {t:.0f}" for n, t in tf.items()) +
-                          f"  TFLOP/s; best gluon / cudnn {max(tf['inline'], tf['ws']) / tf['cudnn']:.2f}, / tl {max(tf['inline'], tf['ws']) / tf['tl']:.2f}", flush=True)
+                          f"  TFLOP/s; best gluon / cudnn {best(tf) / tf['cudnn']:.2f}, / tl {best(tf) / tf['tl']:.2f}", flush=True)
                 except Exception as e:  # noqa
                     print(f"D{D} S{S} {causal}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+def best(tflops: dict) -> float:
+    return max(t for name, t in tflops.items() if name in bwd.VARIANTS)
 
 
 def _inputs(dtype, B, H, S, D, causal):
@@ -71,15 +77,17 @@ def ablation() -> None:
 def ncu_launches() -> None:
     """Warm up, then one launch of each variant between cudaProfilerStart and cudaProfilerStop."""
     q, k, v, o, do, lse = _inputs(torch.bfloat16, 4, 16, 4096, 128, False)
-    for variant in bwd.VARIANTS:
+    variants = [v for v in bwd.VARIANTS if bwd.fits(128, v)]
+    for variant in variants:
         bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    for variant in bwd.VARIANTS:
+    for variant in variants:
         bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 
 
 if __name__ == "__main__":
-    {"--ablation": ablation, "--ncu": ncu_launches}.get(sys.argv[1] if len(sys.argv) > 1 else "", main)()
+    {"--ablation": ablation, "--ncu": ncu_launches, "--bf16": lambda: main((torch.bfloat16, ))}.get(
+        sys.argv[1] if len(sys.argv) > 1 else "", main)()
