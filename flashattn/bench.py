@@ -352,8 +352,13 @@ def _main_host_profile(args, env, argv) -> int:
         return 2
     out, _ = _output(args, env, argv, "host_profile_")
     stem = args.name or f"host_profile_{device_slug(env['device'])}"
+    from .fast import native
+
     tables = {shape: bench_host.profile_layers(*shape) for shape in bench_host.PROFILE_SHAPES}
-    text = bench_host.profile_markdown(tables, env, bench_host.per_call())
+    shape = bench_host.PROFILE_SHAPES[0]
+    calls, engine = bench_host.per_call(), (shape, bench_host.engine_handoff(*shape))
+    env["native"] = native.status()     # (a node that did not build would leave the Python node's numbers)
+    text = bench_host.profile_markdown(tables, env, calls, engine=engine)
     (out / f"{stem}.md").write_text(text)
     print(text)
     print(f"wrote {out / (stem + '.md')}")
@@ -372,6 +377,10 @@ def _main_train(args, env, argv) -> int:
                            providers=bench_train.PROVIDERS if not runtime.INTERPRET else ("torch-sdpa",),
                            steps=2 if args.quick else args.train_steps, rounds=args.rounds,
                            warmup=1 if args.quick else 5, quick=args.quick)
+    if not runtime.INTERPRET:
+        from .fast import native
+
+        env["native"] = native.status()     # which autograd node the drop-in's steps ran
     (out / f"{stem}.json").write_text(json.dumps({"environment": env, "results": rows}, indent=1) + "\n")
     print(bench_train.format_table(rows))
     print(f"\nwrote {out / (stem + '.json')}")

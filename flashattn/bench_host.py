@@ -159,6 +159,9 @@ def profile_layers(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list
     from . import api, ops, runtime
     from .fast import backward as fast_bwd, forward as fast_fwd
 
+    from .fast import native
+
+    native.wait()        # the C++ node built (or loaded) before anything is timed: the build takes a core
     q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
     do = torch.randn_like(q)
     qd, kd, vd = (t.detach() for t in (q, k, v))
@@ -184,11 +187,11 @@ def profile_layers(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list
         ("torch SDPA: forward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         ("flashattn.scaled_dot_product_attention (forward)", dropin),
         ("  api.flash_attention", lambda: api.flash_attention(q, k, v, causal=True)),
-        ("    ops.attention (after validation and dispatch)", lambda: ops.attention(q, k, v, True, scale, "fast")),
-        ("      EagerAttention.apply (the autograd node)", lambda: ops.EagerAttention.apply(q, k, v, True, scale, "fast")),
-        ("        ops.forward_kernels (forward + backward prepared)", lambda: ops.forward_kernels(qd, kd, vd, True, scale, "fast")),
-        ("          fast_attention_forward (outputs + launch)", lambda: fast_fwd.fast_attention_forward(qd, kd, vd, True, scale)),
-        ("          two outputs (runtime.new_output x2)", lambda: (runtime.new_output(q.shape, dtype, q.device),
+        ("    ops.attention (after validation and dispatch; the C++ node)", lambda: ops.attention(q, k, v, True, scale, "fast")),
+        ("EagerAttention.apply (the Python node, FLASHATTN_NATIVE=0's)", lambda: ops.EagerAttention.apply(q, k, v, True, scale, "fast")),
+        ("  ops.forward_kernels (forward + backward prepared)", lambda: ops.forward_kernels(qd, kd, vd, True, scale, "fast")),
+        ("    fast_attention_forward (outputs + launch)", lambda: fast_fwd.fast_attention_forward(qd, kd, vd, True, scale)),
+        ("    two outputs (runtime.new_output x2)", lambda: (runtime.new_output(q.shape, dtype, q.device),
                                                                   runtime.new_output(q.shape[:3], torch.float32, q.device))),
         ("ops.backward_kernels (the backward node's body)", lambda: ops.backward_kernels(
             do, qd, kd, vd, o, lse, True, scale, "fast", True, True)),
@@ -202,17 +205,76 @@ def profile_layers(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list
     return [(name, round(_per_call_us(fn, calls=200 if "backward" in name else 500), 1)) for name, fn in rows]
 
 
+def engine_handoff(B: int, H: int, S: int, D: int, dtype=torch.bfloat16) -> list[dict]:
+    """Host microseconds per forward + backward (``torch.autograd.grad``) of torch's SDPA, the
+    drop-in and an empty ``autograd.Function``, with autograd's engine as a training loop has it
+    (the backward handed to the engine's CUDA device thread, and waited for) and with
+    ``torch.autograd.set_multithreading_enabled(False)`` (the backward run on the calling thread).
+    The difference is the handoff, paid once per ``backward()``: a loop that calls backward per
+    attention call pays it per call, a training step once for all its layers."""
+    import torch.nn.functional as F
+
+    from . import api
+
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    do = torch.randn_like(q)
+
+    class Empty(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b, c):
+            ctx.save_for_backward(a, b, c)
+            return torch.empty_like(a)
+
+        @staticmethod
+        def backward(ctx, g):
+            a, b, c = ctx.saved_tensors
+            return torch.empty_like(a), torch.empty_like(b), torch.empty_like(c)
+
+    from . import settings
+    from .fast import native
+
+    native.wait()
+    calls = {"torch SDPA": (lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), True),
+             "flashattn drop-in": (lambda: api.scaled_dot_product_attention(q, k, v, is_causal=True), True),
+             "flashattn drop-in, Python node": (lambda: api.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                                False),
+             "empty autograd.Function": (lambda: Empty.apply(q, k, v), True)}
+    rows = []
+    for name, (forward, use_native) in calls.items():
+        fwd_bwd = lambda forward=forward: torch.autograd.grad(forward(), (q, k, v), do)   # noqa: E731
+        with settings.override(native=use_native):
+            threaded = _per_call_us(fwd_bwd, calls=200)
+            with torch.autograd.set_multithreading_enabled(False):
+                calling = _per_call_us(fwd_bwd, calls=200)
+        rows.append(dict(call=name, threaded_us=round(threaded, 1), calling_thread_us=round(calling, 1),
+                         handoff_us=round(threaded - calling, 1)))
+    return rows
+
+
+def engine_markdown(shape: tuple, rows: list[dict]) -> list[str]:
+    lines = [f"| forward + backward, B{shape[0]} H{shape[1]} S{shape[2]} D{shape[3]} (us per call, host) | "
+             "engine as in training (device thread) | engine on the calling thread | the handoff |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {r['call']} | {r['threaded_us']:.1f} | {r['calling_thread_us']:.1f} | {r['handoff_us']:.1f} |"
+              for r in rows]
+    return lines
+
+
 #: a practitioner's calls (issue 42's table): bf16, causal, forward + backward of the drop-in
 CALL_SHAPES = ((8, 12, 256, 64), (16, 12, 512, 64), (8, 16, 1024, 64), (4, 32, 2048, 128))
 
 
 def per_call(shapes=CALL_SHAPES, calls: int = 200, rounds: int = 5) -> list[dict]:
     """Wall time per forward + backward call (the GPU's time included: the last shape is GPU-bound)
-    of the drop-in with and without launch plans and of torch's SDPA (its default backend),
-    taking turns round by round; the median of the rounds."""
+    of the drop-in (its C++ autograd node, ``fast/native.py``), with the Python node instead,
+    without launch plans, and of torch's SDPA (its default backend), taking turns round by round;
+    the median of the rounds."""
     import torch.nn.functional as F
 
     from . import api, settings
+    from .fast import native
+
+    native.wait()        # built (or loaded from torch's cache) before anything is timed
 
     rows = []
     for B, H, S, D in shapes:
@@ -221,23 +283,23 @@ def per_call(shapes=CALL_SHAPES, calls: int = 200, rounds: int = 5) -> list[dict
         sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
         ours = lambda: api.scaled_dot_product_attention(q, k, v, is_causal=True).backward(do)
 
-        def no_plans():
-            with settings.override(plans=False):
-                ours()
-
-        fns = {"flashattn": ours, "flashattn, no plans": no_plans, "torch SDPA": sdpa}
+        # name -> (the call, the settings it runs under: set around the whole loop, not per call)
+        fns = {"flashattn": (ours, {}), "flashattn, Python node": (ours, dict(native=False)),
+               "flashattn, no plans": (ours, dict(plans=False)), "torch SDPA": (sdpa, {})}
         times = {name: [] for name in fns}
-        for fn in fns.values():
-            for _ in range(10):
-                fn()
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(calls):
+        for fn, changes in fns.values():
+            with settings.override(**changes):
+                for _ in range(10):
                     fn()
-                torch.cuda.synchronize()
-                times[name].append((time.perf_counter() - t0) / calls * 1e6)
+        for _ in range(rounds):
+            for name, (fn, changes) in fns.items():
+                with settings.override(**changes):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    torch.cuda.synchronize()
+                    times[name].append((time.perf_counter() - t0) / calls * 1e6)
         us = {name: statistics.median(t) for name, t in times.items()}
         rows.append(dict(shape=f"B{B} H{H} S{S} D{D}", **{name: round(t, 1) for name, t in us.items()},
                          speed=round(us["torch SDPA"] / us["flashattn"], 2)))
@@ -245,15 +307,16 @@ def per_call(shapes=CALL_SHAPES, calls: int = 200, rounds: int = 5) -> list[dict
 
 
 def per_call_markdown(rows: list[dict]) -> list[str]:
-    lines = ["| shape (bf16, causal) | flashattn fwd+bwd (us per call) | without launch plans | torch SDPA | "
-             "flashattn speed |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| shape (bf16, causal) | flashattn fwd+bwd (us per call) | with the Python autograd node | "
+             "without launch plans | torch SDPA | flashattn speed |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r['shape']} | {r['flashattn']:.1f} | {r['flashattn, no plans']:.1f} | "
-                     f"{r['torch SDPA']:.1f} | {r['speed']:.2f}x |")
+        lines.append(f"| {r['shape']} | {r['flashattn']:.1f} | {r.get('flashattn, Python node', float('nan')):.1f} | "
+                     f"{r['flashattn, no plans']:.1f} | {r['torch SDPA']:.1f} | {r['speed']:.2f}x |")
     return lines
 
 
-def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None) -> str:
+def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None,
+                     engine: tuple | None = None) -> str:
     """The committed table: one column per shape (and, first, the per-call table of ``per_call``)."""
     shapes = list(tables)
     names = [name for name, _ in tables[shapes[0]]]
@@ -264,14 +327,23 @@ def profile_markdown(tables: dict, env: dict, calls: list[dict] | None = None) -
              "layer down (median of 5 x 200-500 calls, the GPU synchronised between repeats); the dots "
              "show the nesting: a row minus the row nested directly under it is that layer's own share. "
              "The first two rows are what a training loop pays per attention layer and step, at shapes "
-             "where the GPU keeps up with the host.", "", head,
+             "where the GPU keeps up with the host."
+             + (f" When measured, {env['native']}." if env.get("native") else ""), "", head,
              "| --- |" + " --- |" * len(shapes)]
     for i, name in enumerate(names):
         depth = (len(name) - len(name.lstrip())) // 2     # the nesting, shown as dots
         lines.append(f"| {'· ' * depth}{name.strip()} | " + " | ".join(f"{tables[s][i][1]:.1f}" for s in shapes) + " |")
     if calls:
         lines += ["", "Per call, what a training loop sees: wall time of forward + backward (the GPU's time "
-                  "included), the drop-in with launch plans (``flashattn/fast/plans.py``), without them "
-                  "(``FLASHATTN_PLANS=0``) and torch's SDPA, in turn, median of 5 rounds of 200 calls.", ""]
+                  "included), in turn, median of 5 rounds of 200 calls: the drop-in as it runs (launch plans, "
+                  "``flashattn/fast/plans.py``, replayed by the C++ autograd node, ``flashattn/fast/native.py``), "
+                  "with the Python autograd node instead (``FLASHATTN_NATIVE=0``), without launch plans "
+                  "(``FLASHATTN_PLANS=0``), and torch's SDPA.", ""]
         lines += per_call_markdown(calls)
+    if engine:
+        shape, rows = engine
+        lines += ["", "Where a per-call loop's extra time goes: autograd's engine hands every backward to its "
+                  "CUDA device thread and waits for it (``engine_handoff``); a training step pays that once "
+                  "per step, a loop that calls backward per attention call, once per call.", ""]
+        lines += engine_markdown(shape, rows)
     return "\n".join(lines) + "\n"

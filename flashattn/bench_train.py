@@ -183,6 +183,35 @@ def make_step(m: ModelShape, provider: str, mode: str, device) -> Callable[[], N
     return step
 
 
+#: words in the name of every attention kernel of the providers: flashattn's (``fast_fwd_kernel``,
+#: ``fast_dq_kernel``, ``fast_dkdv_kernel``, ``attn_bwd_delta_kernel``, the Gluon ``hopper_fwd_kernel``),
+#: cuDNN's (``..._sdpa_...``) and FlashAttention-2's (``flash_fwd_...``, ``flash_bwd_...``)
+ATTENTION_KERNEL_WORDS = ("fast_fwd", "fast_dq", "fast_dkdv", "attn_bwd", "hopper_fwd", "sdpa", "flash_fwd",
+                          "flash_bwd", "fmha", "attention")
+
+
+def gpu_breakdown(step: Callable[[], None], steps: int = 3) -> dict:
+    """GPU time per step, from torch's profiler over ``steps`` steps: all kernels and copies
+    (``gpu_ms``) and attention's kernels (``attention_gpu_ms``, by ``ATTENTION_KERNEL_WORDS``)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    total = attention = 0.0
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        us = event.time_range.elapsed_us()
+        total += us
+        if any(word in event.name.lower() for word in ATTENTION_KERNEL_WORDS):
+            attention += us
+    return dict(gpu_ms=round(total / steps / 1e3, 3), attention_gpu_ms=round(attention / steps / 1e3, 3))
+
+
 def _sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -194,6 +223,10 @@ def run(models=("gpt2", "llama"), modes=MODES, providers=PROVIDERS, steps: int =
     shape) gets its error instead of a time."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     shapes = QUICK if quick else MODELS
+    if device.type == "cuda" and "flashattn" in providers:
+        from .fast import native
+
+        native.wait()       # the C++ autograd node built (or loaded) before any step is timed
     rows = []
     bar = None
     if progress:
@@ -231,6 +264,13 @@ def run(models=("gpt2", "llama"), modes=MODES, providers=PROVIDERS, steps: int =
                         stepper.pop(p)
                     if bar is not None:
                         bar.update(1)
+            breakdown = {}
+            if device.type == "cuda":      # where each provider's step time goes (untimed steps)
+                for p, step in stepper.items():
+                    try:
+                        breakdown[p] = gpu_breakdown(step)
+                    except Exception:   # noqa: BLE001 -- a profiler that cannot run: the times stand alone
+                        pass
             tokens = m.batch * m.seq
             for p in providers:
                 row = dict(model=model_name, mode=mode, provider=p, shape=asdict(m))
@@ -240,6 +280,8 @@ def run(models=("gpt2", "llama"), modes=MODES, providers=PROVIDERS, steps: int =
                     ms = statistics.median(times[p])
                     row.update(step_ms=round(ms, 3), tokens_per_s=round(tokens / ms * 1e3),
                                rounds_ms=[round(t, 3) for t in times[p]])
+                    if p in breakdown:
+                        row.update(breakdown[p], host_gap_ms=round(ms - breakdown[p]["gpu_ms"], 3))
                 rows.append(row)
             del stepper
             if device.type == "cuda":
@@ -250,7 +292,8 @@ def run(models=("gpt2", "llama"), modes=MODES, providers=PROVIDERS, steps: int =
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'model':<7}{'mode':<10}{'provider':<18}{'step ms':>9}{'flashattn speed':>17}"]
+    lines = [f"{'model':<7}{'mode':<10}{'provider':<18}{'step ms':>9}{'flashattn speed':>17}"
+             f"{'GPU ms':>9}{'attention':>11}{'GPU idle':>10}"]
     base = {(r["model"], r["mode"]): r["step_ms"] for r in rows if r["provider"] == "torch-sdpa"}
     for r in rows:
         if r["step_ms"] is None:
@@ -259,7 +302,9 @@ def format_table(rows: list[dict]) -> str:
         ratio = ""
         if r["provider"] == "flashattn" and base.get((r["model"], r["mode"])):
             ratio = f"{base[(r['model'], r['mode'])] / r['step_ms']:.2f}x torch's"
-        lines.append(f"{r['model']:<7}{r['mode']:<10}{r['provider']:<18}{r['step_ms']:>9.2f}{ratio:>17}")
+        gpu = (f"{r['gpu_ms']:>9.2f}{r['attention_gpu_ms']:>11.2f}{r['host_gap_ms']:>10.2f}"
+               if "gpu_ms" in r else "")
+        lines.append(f"{r['model']:<7}{r['mode']:<10}{r['provider']:<18}{r['step_ms']:>9.2f}{ratio:>17}{gpu}")
     return "\n".join(lines)
 
 

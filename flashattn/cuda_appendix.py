@@ -26,9 +26,7 @@ import hashlib
 import html
 import inspect
 import math
-import os
 import shutil
-import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import runtime
 from .planted import Edit, apply_edits
 
 CUDA_DIR = Path(__file__).resolve().parent / "cuda"
@@ -105,22 +104,9 @@ def why_unavailable() -> Optional[str]:
     from torch.utils import cpp_extension
     if cpp_extension.CUDA_HOME is None and shutil.which("nvcc") is None:
         return "nvcc (the CUDA toolkit) was not found: set CUDA_HOME or put nvcc on PATH"
-    if _ninja_dir() is None:
+    if runtime.ninja_dir() is None:
         return "ninja is missing (torch's extension builder needs it): pip install ninja"
     return None
-
-
-def _ninja_dir() -> Optional[str]:
-    """Where a ninja executable is: on PATH, beside this Python (a venv not activated), or in
-    the pip package's folder."""
-    found = shutil.which("ninja") or shutil.which("ninja", path=os.path.dirname(sys.executable))
-    if found:
-        return os.path.dirname(found)
-    try:
-        import ninja
-        return getattr(ninja, "BIN_DIR", None)
-    except ImportError:
-        return None
 
 
 BINDING = r"""
@@ -210,9 +196,7 @@ def build(edits: Sequence[Edit] = (), *, verbose: bool = False) -> "Kernels":
     if reason:
         raise RuntimeError(f"cannot build the CUDA kernels here: {reason}.")
     from torch.utils.cpp_extension import load_inline
-    ninja_dir = _ninja_dir()
-    if ninja_dir and shutil.which("ninja") is None:     # torch runs `ninja` from PATH
-        os.environ["PATH"] = ninja_dir + os.pathsep + os.environ.get("PATH", "")
+    runtime.ninja_on_path()     # torch runs `ninja` from PATH
     kwargs = {}
     if "no_implicit_headers" in inspect.signature(load_inline).parameters:
         kwargs["no_implicit_headers"] = True   # keeps torch's headers out of the .cu (fast nvcc)

@@ -15,7 +15,9 @@ Which kernels run is an argument of the operators (``impl``: "fast" or "teaching
 returns an empty tensor in its place, which autograd turns back into None).
 
 Eager calls skip the operators and run the same two functions (or lesson 09's, for windows,
-dropout and packed batches) through a plain ``torch.autograd.Function``: PyTorch wraps a custom
+dropout and packed batches) through a plain ``torch.autograd.Function`` -- or, once a call of the
+fast path has launch plans for both halves, through the C++ node that replays them
+(``fast/native.py``; the same kernels, the same tensors saved): PyTorch wraps a custom
 operator's body so that TorchDynamo stays out of it, and the first call of such a body imports
 TorchDynamo (sympy and all: 1-2 s with Python's bytecode cached, 5 s without), a price an eager
 training loop need not pay.
@@ -27,7 +29,7 @@ from torch.library import custom_op
 
 from . import runtime
 from .backward import attention_backward
-from .fast import fast_attention_backward, fast_attention_forward, supports
+from .fast import fast_attention_backward, fast_attention_forward, native, supports
 from .fast.autograd import contiguous_do, prepare_backward, wait_prepared, wants_gradient
 from .forward import attention_forward
 
@@ -118,9 +120,10 @@ def _setup_context(ctx, inputs, output):
     ctx.causal, ctx.scale, ctx.impl = causal, scale, impl
 
 
-def _gradients(ctx, do, backward):
-    """The six gradients autograd wants, from ``backward`` (the operator or its body)."""
-    q, k, v, o, lse = ctx.saved_tensors
+def _gradients(ctx, do, backward, saved=None):
+    """The six gradients autograd wants, from ``backward`` (the operator or its body); ``saved``:
+    ``ctx.saved_tensors``, if the caller has unpacked them already."""
+    q, k, v, o, lse = ctx.saved_tensors if saved is None else saved
     needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
     dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.impl, needs_q, needs_k or needs_v)
     return (dq if needs_q else None, dk if needs_k else None, dv if needs_v else None,
@@ -135,8 +138,8 @@ attention_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class EagerAttention(torch.autograd.Function):
-    """The operators' bodies for eager calls (see the module's docstring): the one autograd node
-    of softmax attention on one device (lesson 05's ``FlashAttentionFunction``, which the lesson
+    """The operators' bodies for eager calls (see the module's docstring): the Python autograd node
+    of softmax attention on one device (the C++ one of ``fast/native.py`` replays its plans; lesson 05's ``FlashAttentionFunction``, which the lesson
     prints, aside; lazy attention and the ring are other operations, with nodes of their own).
     ``kernels``, when given, is lesson 09's pair of calls (windows, dropout, packed batches:
     ``flashattn.beyond.attention.Lesson09Kernels``), run in place of the plain ones; what the
@@ -154,8 +157,19 @@ class EagerAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        saved = ctx.saved_tensors     # unpacked once: non-reentrant checkpointing allows no second unpack
+        offered = ctx.impl == "fast" and ctx.kernels is None and native.ready()
+        if offered:
+            do = contiguous_do(do)    # (what backward_kernels would make of it; it is then left as it is)
         backward = backward_kernels if ctx.kernels is None else ctx.kernels.backward
-        return (*_gradients(ctx, do, backward), None)
+        grads = _gradients(ctx, do, backward, saved)
+        if offered:
+            # the Python path has now run (and planned) both halves: from the next call of this
+            # signature on, the C++ node replays them (``fast/native.py``)
+            q, k, v, o, lse = saved
+            needs_q, needs_k, needs_v = ctx.needs_input_grad[:3]
+            native.offer(q, k, v, o, do, lse, ctx.causal, ctx.scale, needs_q, needs_k or needs_v)
+        return (*grads, None)
 
 
 #: tensor types of eager calls; anything else (FakeTensor, FunctionalTensor: tracing) takes the operators
@@ -176,4 +190,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         return attention_forward_op(q, k, v, causal, scale, impl)[0]
     if not wants_gradient(q, k, v):
         return run_forward(q, k, v, causal, scale, impl, prepare=False)[0]
+    if impl == "fast" and not torch.jit.is_tracing():   # (a trace would record the node's allocations only)
+        o = native.attention(q, k, v, causal, scale)    # the C++ node, where a plan is kept for this call
+        if o is not None:
+            return o
     return EagerAttention.apply(q, k, v, causal, scale, impl)

@@ -463,3 +463,31 @@ def new_output(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -
     if _poison and dtype.is_floating_point:
         return torch.full(tuple(shape), float("nan"), dtype=dtype, device=device)
     return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+def ninja_dir() -> Optional[str]:
+    """Where a ninja executable is (torch.utils.cpp_extension builds with it: lesson 10's CUDA
+    kernels, the fast path's C++ node): on PATH, beside this Python (a venv not activated), or in
+    the pip package's folder. None if nowhere."""
+    import shutil
+    import sys
+
+    found = shutil.which("ninja") or shutil.which("ninja", path=os.path.dirname(sys.executable))
+    if found:
+        return os.path.dirname(found)
+    try:
+        import ninja
+        return getattr(ninja, "BIN_DIR", None)
+    except ImportError:
+        return None
+
+
+def ninja_on_path() -> Optional[str]:
+    """Put ninja's folder on PATH if it is not there (torch runs ``ninja`` from PATH); its folder,
+    or None where there is no ninja."""
+    import shutil
+
+    folder = ninja_dir()
+    if folder and shutil.which("ninja") is None:
+        os.environ["PATH"] = folder + os.pathsep + os.environ.get("PATH", "")
+    return folder

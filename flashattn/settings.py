@@ -15,6 +15,7 @@ first ``import flashattn``). The code reads ``settings.current`` (never the envi
 | ``FLASHATTN_AUTOTUNE=1`` | off | time the candidate tiles on first use instead of the per-device defaults |
 | ``FLASHATTN_DIRECT_LAUNCH=0`` | on | every launch through ``kernel[grid]`` (Triton's own binding); no launch plans either |
 | ``FLASHATTN_PLANS=0`` | on | no launch plans: every fp16/bf16 call redoes its host work (``fast/plans.py``) |
+| ``FLASHATTN_NATIVE=0`` | on | planned calls keep the Python autograd node, not the C++ one (``fast/native.py``) |
 | ``FLASHATTN_MAX_SHARED_MEMORY`` | the GPU's | cap the shared memory tiles may use (bytes; ``64K`` works): a T4's limit on a big GPU |
 | ``FLASHATTN_POISON=1`` | off | every output starts as NaN (an element never written shows) |
 | ``FLASHATTN_GLUON=0`` | on | no Gluon kernels (``flashattn/hopper/``): the ``tl`` fast path on Hopper too |
@@ -76,6 +77,7 @@ class Settings:
     autotune: bool = False
     direct_launch: bool = True
     plans: bool = True
+    native: bool = True                       # the C++ autograd node for planned calls
     max_shared_memory: Optional[int] = None   # None: the GPU's own limit
     poison: bool = False
     gluon: bool = True                        # flashattn.hopper's Gluon kernels where they run
@@ -92,6 +94,7 @@ VARIABLES = {
     "autotune": ("FLASHATTN_AUTOTUNE", _on_if_set),
     "direct_launch": ("FLASHATTN_DIRECT_LAUNCH", _off_if_zero),
     "plans": ("FLASHATTN_PLANS", _off_if_zero),
+    "native": ("FLASHATTN_NATIVE", _off_if_zero),
     "max_shared_memory": ("FLASHATTN_MAX_SHARED_MEMORY",
                           lambda raw: parse_bytes("FLASHATTN_MAX_SHARED_MEMORY", raw)),
     "poison": ("FLASHATTN_POISON", lambda raw: raw.strip() == "1"),
@@ -118,6 +121,16 @@ def override(**changes):
         yield current
     finally:
         current = before
+
+
+#: fields that choose how a call is made, not which kernels run or with what: two settings that
+#: differ only in these launch the same kernels the same way (launch plans stay valid across them)
+NOT_KERNELS = ("native",)
+
+
+def same_kernels(a: Settings, b: Settings) -> bool:
+    """Do ``a`` and ``b`` run the same kernels with the same arguments (every field but ``NOT_KERNELS``)?"""
+    return a is b or dataclasses.replace(a, **{name: getattr(b, name) for name in NOT_KERNELS}) == b
 
 
 def set_values(**changes) -> None:

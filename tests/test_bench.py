@@ -100,6 +100,21 @@ def test_host_mode_takes_the_providers_in_turn_and_summarises():
     assert "134.0" in table and "in 100 warm fwd+bwd steps of flashattn: 0" in table
 
 
+def test_host_profile_shows_the_engine_handoff_beside_the_layers():
+    """The host profile's last table: each call's fwd+bwd with the engine's device thread and on
+    the calling thread, and their difference (the H200's numbers of 2026-11-29 as sample rows)."""
+    from flashattn import bench_host
+
+    engine = [dict(call="torch SDPA", threaded_us=234.7, calling_thread_us=97.1, handoff_us=137.6),
+              dict(call="flashattn drop-in", threaded_us=410.5, calling_thread_us=187.2, handoff_us=223.3)]
+    text = bench_host.profile_markdown({(8, 12, 256, 64): [("torch SDPA: forward", 24.2)]},
+                                       dict(device="GPU", torch="t", triton="tr", date="d"),
+                                       engine=((8, 12, 256, 64), engine))
+    assert "| forward + backward, B8 H12 S256 D64 (us per call, host) |" in text
+    assert "| flashattn drop-in | 410.5 | 187.2 | 223.3 |" in text
+    assert text.index("| torch SDPA: forward | 24.2 |") < text.index("the handoff")
+
+
 @pytest.mark.skipif(ON_GPU, reason="the refusal is the interpreter's")
 def test_host_mode_refuses_without_a_gpu(capsys):
     assert bench.main(["--host"]) == 2

@@ -124,6 +124,8 @@ def test_plans_are_for_the_current_settings_only(on_gpu_like, monkeypatch):
     assert plans.find(key) is not None
     with settings.override(tma=not settings.current.tma):
         assert plans.find(key) is None
+    with settings.override(tma=settings.current.tma):    # a new settings object, equal: the plan holds
+        assert plans.find(key) is not None
 
 
 def test_a_plan_recorded_on_one_tensor_passed_thrice_is_not_used_for_three(on_gpu_like):
@@ -193,6 +195,8 @@ def test_replayed_calls_give_the_plain_paths_bits(case, monkeypatch):
 
     B, H, H_kv, S_q, S_k, D, causal, layout, dtype = case
     monkeypatch.setattr(runtime, "_poison", False)      # (the suite poisons outputs: no plans then)
+    # the Python node replays the Python plans (the C++ node's own replays: test_native_gpu.py)
+    monkeypatch.setattr(settings, "current", dataclasses.replace(settings.current, native=False))
     replays = []
     real_call = plans.Plan.__call__
     monkeypatch.setattr(plans.Plan, "__call__", lambda self, inputs: replays.append(1) or real_call(self, inputs))

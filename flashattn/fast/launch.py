@@ -115,6 +115,7 @@ class DirectLaunch:
     def __init__(self, raw, kwargs: dict):
         self.raw, self.kwargs = raw, dict(kwargs)
         self.compiled: dict = {}      # kind -> (launcher, function, packed metadata, constexpr values)
+        self.kernels: dict = {}       # kind -> Triton's compiled kernel (its signature: ``native.py`` reads it)
         self._pick = None             # (tensors, specialised ints, unspecialised ints, floats) pickers: first call
 
     def _positions(self, args) -> None:
@@ -185,7 +186,9 @@ class DirectLaunch:
             return
         if len(self.compiled) >= MAX_KINDS:
             self.compiled.clear()
+            self.kernels.clear()
         self.compiled[kind] = (launcher, function, metadata, constexprs)
+        self.kernels[kind] = compiled
 
 
 def _off(err: Exception) -> None:

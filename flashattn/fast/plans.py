@@ -73,7 +73,13 @@ def signature(tensors, scalars) -> tuple:
 def find(key):
     """The plan recorded for ``key`` under the current settings, or None."""
     plan = _plans.get(key)
-    if plan is not None and plan.settings is settings.current:
+    if plan is None or plan.settings is settings.current:
+        return plan
+    # an ``override`` block entered again makes a new, equal object, and FLASHATTN_NATIVE changes no
+    # kernel: such settings still fit, and the plan takes them on so that the next call finds them
+    # by identity (comparing field by field costs a few microseconds a call)
+    if settings.same_kernels(plan.settings, settings.current):
+        plan.settings = settings.current
         return plan
     return None
 
@@ -90,11 +96,12 @@ def replay_or_record(key, inputs, call, allocator=None):
 class Plan:
     """The recorded launches of one call; ``plan(inputs)`` replays them and returns the outputs."""
 
-    __slots__ = ("settings", "device", "current", "fresh", "launches", "returns", "allocator")
+    __slots__ = ("settings", "device", "current", "fresh", "launches", "returns", "allocator", "kernels")
 
-    def __init__(self, settings_, device, current, fresh, launches, returns, allocator):
+    def __init__(self, settings_, device, current, fresh, launches, returns, allocator, kernels=()):
         self.settings, self.device, self.current, self.fresh = settings_, device, current, fresh
         self.launches, self.returns, self.allocator = launches, returns, allocator
+        self.kernels = kernels     # Triton's compiled kernel per launch (None if unknown): ``native.py`` reads them
 
     def __call__(self, inputs) -> tuple:
         slots = list(inputs)
@@ -120,9 +127,10 @@ def record(key, inputs, call, allocator=None):
 
     def observe(direct, grid, args):      # called before the launch: is its kernel already kept?
         if threading.get_ident() == me:
-            entry = None if getattr(getattr(direct, "raw", None), "pre_run_hooks", None) else \
-                direct.compiled.get(direct.kind(args, driver.active.get_current_device()))
-            seen.append((entry, tuple(grid), args))     # (None: a plain launch, which a replay cannot be)
+            kind = direct.kind(args, driver.active.get_current_device())
+            entry = None if getattr(getattr(direct, "raw", None), "pre_run_hooks", None) else direct.compiled.get(kind)
+            kernel = getattr(direct, "kernels", {}).get(kind)
+            seen.append((entry, tuple(grid), args, kernel))     # (None: a plain launch, which a replay cannot be)
 
     before = getattr(_launches, "n", 0)
     launch.OBSERVERS.append(observe)
@@ -143,8 +151,8 @@ def record(key, inputs, call, allocator=None):
 def _plan_of(seen, inputs, result, allocator):
     slot_of = {id(t): i for i, t in enumerate(inputs)}
     fresh, device = [], inputs[0].device
-    launches = []
-    for entry, grid, args in seen:
+    launches, kernels = [], []
+    for entry, grid, args, kernel in seen:
         if entry is None:                       # launched through kernel[grid] (a first compile): nothing to replay
             return None
         launcher, function, metadata, constexprs = entry
@@ -165,6 +173,7 @@ def _plan_of(seen, inputs, result, allocator):
             tensor_slots.append((position, slot))
         g = tuple(grid) + (1,) * (3 - len(grid))
         launches.append((launcher, g, function, metadata, tuple(constants), tuple(tensor_slots), constexprs))
+        kernels.append(kernel)
     returns = []
     for t in result:
         if t is None:
@@ -174,4 +183,4 @@ def _plan_of(seen, inputs, result, allocator):
         else:                                   # a result the launches did not write (a cast, a view)
             return None
     return Plan(settings.current, device, driver.active.get_current_device(), tuple(fresh), tuple(launches),
-                tuple(returns), allocator)
+                tuple(returns), allocator, tuple(kernels))

@@ -54,10 +54,11 @@ def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]
     relative tolerance of ||ref|| (or of a thousandth of a typical row, for a row that is ~0), or
     where the logits are large, a few roundings of S times their bound (P = exp(S - LSE) turns
     S's absolute error into its own relative error);
-    FLOOR_FACTOR times SDPA's own error on that row; and for dQ and dK a few roundings of the
-    terms that add up to the row (where those cancel, rounding is all there is); plus, for lazy
-    attention, the whole term a ReLU gate lets through where the gate sits on its kink within
-    rounding (``families.lazy_term_sizes``). Lazy attention's dBias and dTau are judged per head."""
+    FLOOR_FACTOR times SDPA's own error on that row; and a few roundings of the terms that add
+    up to the row (where those cancel, rounding is all there is: ``families.term_sizes``); plus,
+    for lazy attention, the whole term a ReLU gate lets through where the gate sits on its kink
+    within rounding (``families.lazy_term_sizes``); plus the output's own rounding near 0
+    (:func:`output_rounding_floor`). Lazy attention's dBias and dTau are judged per head."""
     dtype = outcome.dtype or dtype or p.torch_dtype
     unit = PRODUCT_UNIT[dtype]
     problems = []
@@ -88,6 +89,8 @@ def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]
             allowed = torch.maximum(allowed, ROUNDING_UNITS * unit * outcome.size[name].to(allowed.device))
         if name in outcome.kink:                  # a gate on its kink, which rounding may flip
             allowed = allowed + outcome.kink[name].to(allowed.device)
+        if not param:                             # the output's own rounding to its dtype, near 0
+            allowed = allowed + output_rounding_floor(got)
         over = err / allowed.clamp_min(torch.finfo(torch.float64).tiny)
         if not bool((over <= 1).all()):
             flat = int(over.argmax())
@@ -98,6 +101,15 @@ def judge(p: Problem, outcome, dtype: Optional[torch.dtype] = None) -> list[str]
             problems.append(f"{name}: {what} {where} error {e:.2e} > allowed {a:.2e} (|ref| {n:.2e}, "
                             f"relative {e / max(n, 1e-300):.1e}; SDPA's error there {sdpa:.2e})")
     return problems
+
+
+def output_rounding_floor(got: torch.Tensor) -> float:
+    """The most that storing a row of ``got`` can lose where its elements lie below the dtype's
+    smallest normal number: half the subnormal spacing (eps * tiny) per element, sqrt(D) of them
+    (fp16: 3e-8 per element, 2.4e-7 for a row of 64: a relative error of 12% for a row of norm
+    2e-6, which no kernel writing fp16 can avoid; bf16 and fp32: below 1e-38)."""
+    info = torch.finfo(got.dtype)
+    return 0.5 * info.eps * info.tiny * math.sqrt(got.shape[-1])
 
 
 def _storage_view(t: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,8 @@ Every family returns an :class:`Outcome`: the kernels' outputs and gradients; th
 reference of each (autograd through a materialised formula, one head at a time so that a
 9,000 x 9,000 score matrix fits); the floor, the error of a plain implementation in the
 problem's own dtype on the same inputs (PyTorch's SDPA where it computes the same function),
-row by row; and for dQ and dK the size of the terms that add up to each row, which bounds what
-rounding alone can do where those terms cancel. :func:`battery.judge` reads them.
+row by row; and for O, dQ, dK and dV the size of the terms that add up to each row, which bounds
+what rounding alone can do where those terms cancel. :func:`battery.judge` reads them.
 """
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ from ..beyond.reference import attention_reference, varlen_reference, window_mas
 from .problems import Problem
 
 GRADS = ("dQ", "dK", "dV")
+#: the outputs whose terms' sizes are counted (term_sizes), and which of them have a row per query
+SIZED = ("O", "dQ", "dK", "dV")
+PER_QUERY = ("O", "dQ")
 
 
 @dataclasses.dataclass
@@ -39,7 +42,7 @@ class Outcome:
     #                                                         (per row; per head for the parameters)
 
 
-#: where dQ and dK cancel to ~0, the error allowed is this many units of the products' rounding
+#: where a row's terms cancel to ~0, the error allowed is this many units of the products' rounding
 #: times the size of the terms that make them up, in quadrature (families.term_sizes)
 ROUNDING_UNITS = 4.0
 #: the rounding unit of the kernels' products: half precision's epsilon; for fp32 inputs the
@@ -82,15 +85,15 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
                        computed_in: Optional[torch.dtype] = None) -> tuple[dict, dict]:
     """O, dQ, dK, dV in float64 by autograd through ``beyond.reference.attention_reference``
     (causal, window, dropout with the kernels' own mask from ``keep_for(b, h)``), one (batch,
-    query head) at a time; dK and dV summed over each GQA group. Also returns, per row of dQ
-    and dK, the size of the terms that make it up (:func:`term_sizes`; ``computed_in``: the
+    query head) at a time; dK and dV summed over each GQA group. Also returns, per row of O,
+    dQ, dK and dV, the size of the terms that make it up (:func:`term_sizes`; ``computed_in``: the
     dtype the kernels computed in, where not the inputs', as under autocast)."""
     B, H, S_q, D = q.shape
     group = H // k.shape[1]
     f64 = dict(dtype=torch.float64, device=q.device)
     out = {"O": torch.empty(q.shape, **f64), "dQ": torch.empty(q.shape, **f64),
            "dK": torch.zeros(k.shape, **f64), "dV": torch.zeros(k.shape, **f64)}
-    size = {"dQ": torch.zeros(q.shape[:3], **f64), "dK": torch.zeros(k.shape[:3], **f64)}
+    size = {n: torch.zeros((q if n in PER_QUERY else k).shape[:3], **f64) for n in SIZED}
     for b in range(B):
         for h in range(H):
             g = h // group
@@ -102,38 +105,81 @@ def per_head_reference(p: Problem, q, k, v, do, keep_for: Optional[Callable] = N
             out["O"][b, h], out["dQ"][b, h] = o[0, 0].detach(), dq[0, 0]
             out["dK"][b, g] += dk[0, 0]
             out["dV"][b, g] += dv[0, 0]
-            rows_dq, rows_dk = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep,
-                                          computed_in)
-            size["dQ"][b, h] = rows_dq
-            size["dK"][b, g] += rows_dk ** 2          # a group's heads add up: their rounding too
-    size["dK"] = size["dK"].sqrt()
-    return out, size
+            sizes = term_sizes(p, qh.detach(), kh.detach(), vh.detach(), doh, o.detach(), lse, keep, computed_in)
+            _add_head_sizes(size, sizes, (b, h), (b, g))
+    return out, _group_norms(size)
+
+
+def _add_head_sizes(size: dict, sizes: dict, query_rows: tuple, key_rows: tuple) -> None:
+    """One query head's :func:`term_sizes` into the whole problem's: rows of O and dQ as they are
+    (at ``query_rows``), rows of dK and dV summed in squares over the GQA group (at ``key_rows``:
+    a group's heads add up, their rounding too; :func:`_group_norms` takes the root)."""
+    for n in SIZED:
+        if n in PER_QUERY:
+            size[n][query_rows] = sizes[n]
+        else:
+            size[n][key_rows] += sizes[n] ** 2
+
+
+def _group_norms(size: dict) -> dict:
+    return {n: s if n in PER_QUERY else s.sqrt() for n, s in size.items()}
 
 
 @torch.no_grad()
 def term_sizes(p: Problem, q, k, v, do, o, lse, keep=None,
-               computed_in: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """How large the terms are that add up to each row of dQ and dK of one head (float64
-    ``[1, 1, S, D]`` inputs; returns ``[S_q]``, ``[S_k]``). dQ_i = scale * sum_j dS_ij K_j with
-    dS_ij = P_ij (dP_ij - delta_i): where those terms cancel (a row that sees one key has
-    dS = 0 exactly) the result is 0 up to rounding, and rounding is all its error can be
-    judged against. Each term rounds on its own, so the sizes add in quadrature:
-    scale * sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2); plus, for dQ, delta's own
-    rounding, common to a whole row: scale * sum_d |dO_id O_id| * |(P K)_i|. dP_ij = dO_i . V_j
-    may cancel too: its own rounding is counted in (:func:`dp_rounding`, at the unit of
-    ``computed_in``, default the problem's dtype)."""
+               computed_in: Optional[torch.dtype] = None) -> dict:
+    """How large the terms are that add up to each row of O, dQ, dK and dV of one head (float64
+    ``[1, 1, S, D]`` inputs; returns ``{"O": [S_q], "dQ": [S_q], "dK": [S_k], "dV": [S_k]}``), in
+    units of the rounding of one term: where the terms cancel the result is 0 up to rounding, and
+    rounding is all its error can be judged against.
+
+    dQ_i = scale * sum_j dS_ij K_j with dS_ij = P_ij (dP_ij - delta_i) (a row that sees one key has
+    dS = 0 exactly). Each dS_ij rounds on its own, so the sizes add in quadrature: scale *
+    sqrt(sum_j (P_ij (|dP_ij| + |delta_i|))^2 |K_j|^2). dP_ij = dO_i . V_j may cancel too: its own
+    rounding is counted in (:func:`dp_rounding`, at the unit of ``computed_in``, default the
+    problem's dtype). delta_i = dO_i . O_i is read from the stored O: its error, common to a whole
+    row of dQ, adds scale * err(delta_i) * |(P K)_i|; in dK, each row's delta error is a term of its
+    own. O_i = sum_j P~_ij V_j and dV_j = sum_i P~_ij dO_i (P~ = P with the dropout mask and its
+    1/(1-p)) round P~ before the product: their terms are P~_ij |V_j| and P~_ij |dO_i|.
+
+    Near 0, fp16 rounds on its fixed subnormal grid, not relative to the value
+    (:func:`rounding_magnitude`): dS, P~ (the fast kernels round P * mask and divide by 1 - p
+    after), the stored O and the forward's P~ V that delta reads (seed 12, problems 436 and 586 on
+    an H200: an O of 7e-6 whose dominant key was dropped). Where every value is a normal number
+    those extras are 0."""
+    dtype = computed_in or p.torch_dtype
     scale = q.shape[-1] ** -0.5 if p.scale is None else p.scale
     visible = window_mask(q.shape[2], k.shape[2], p.causal, p.window, q.device)
     s = q @ k.transpose(-1, -2) * scale
     P = torch.where(visible & torch.isfinite(lse)[..., None], torch.exp(s - lse[..., None]), 0.0)
-    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(computed_in or p.torch_dtype, do, v)
+    dp = (do @ v.transpose(-1, -2)).abs() + dp_rounding(dtype, do, v)
+    kept, kept_rounding = P, rounding_magnitude(P, dtype)         # P~, and what its rounding is relative to
     if keep is not None:
         dp = dp * keep / (1.0 - p.dropout_p)
-    delta_terms = (do * o).abs().sum(-1, keepdim=True)
-    t2 = (P * (dp + delta_terms)) ** 2
-    rows_dq = (t2 @ (k * k)).sum(-1).sqrt() + delta_terms[..., 0] * (P @ k).norm(dim=-1)
-    rows_dk = (t2.transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
-    return scale * rows_dq[0, 0], scale * rows_dk[0, 0]
+        kept = P * keep / (1.0 - p.dropout_p)
+        kept_rounding = rounding_magnitude(P * keep, dtype) / (1.0 - p.dropout_p)
+    delta_size = (do * o).abs().sum(-1, keepdim=True)
+    # delta's error: O's relative rounding, and on the subnormal grid O's storage and the forward's P~
+    o_abs = o.abs()
+    stored = ((do * (rounding_magnitude(o_abs, dtype) - o_abs)) ** 2).sum(-1, keepdim=True).sqrt()
+    forward = do.norm(dim=-1, keepdim=True) * (((kept_rounding - kept) ** 2) @ (v * v)).sum(-1, keepdim=True).sqrt()
+    delta_error = delta_size + stored + forward
+    ds_terms = rounding_magnitude(P * (dp + delta_size), dtype)
+    rows_dq = ((ds_terms ** 2) @ (k * k)).sum(-1).sqrt() + delta_error[..., 0] * (P @ k).norm(dim=-1)
+    rows_dk = (((ds_terms + P * (delta_error - delta_size)) ** 2).transpose(-1, -2) @ (q * q)).sum(-1).sqrt()
+    rows_o = ((kept_rounding ** 2) @ (v * v)).sum(-1).sqrt()
+    rows_dv = ((kept_rounding ** 2).transpose(-1, -2) @ (do * do)).sum(-1).sqrt()
+    return {"O": rows_o[0, 0], "dQ": scale * rows_dq[0, 0], "dK": scale * rows_dk[0, 0], "dV": rows_dv[0, 0]}
+
+
+def rounding_magnitude(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What rounding ``t >= 0`` to ``dtype`` is relative to, in units of half its epsilon: ``t``
+    itself above the smallest normal number (``tiny``); below it, the fixed subnormal spacing
+    eps * tiny, whose half may be lost (fp16: 3e-8, relative error 3% at 1e-6) -- though never more
+    than ``t`` itself, which is what rounding to 0 loses. So the rounding error is at most
+    eps / 2 times max(t, min(tiny, 2 t / eps)); for bf16 and fp32 the floor lies below 1e-38."""
+    info = torch.finfo(dtype)
+    return torch.maximum(t, torch.clamp(t * (2.0 / info.eps), max=info.tiny))
 
 
 def dp_rounding(dtype: torch.dtype, do: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -255,8 +301,9 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
     ref = dict(zip(("O",) + GRADS, (o.detach(),) + torch.autograd.grad(o, (qd, kd, vd), do.double())))
     # the terms' sizes, sequence by sequence ([1, 1, S, D] slices of one head), row by row
     H, group = q.shape[1], q.shape[1] // k.shape[1]
-    size = {"dQ": torch.zeros(1, H, q.shape[0], dtype=torch.float64, device=q.device),
-            "dK": torch.zeros(1, k.shape[1], k.shape[0], dtype=torch.float64, device=q.device)}
+    rows_of = {"O": q, "dQ": q, "dK": k, "dV": k}
+    size = {n: torch.zeros(1, rows_of[n].shape[1], rows_of[n].shape[0], dtype=torch.float64, device=q.device)
+            for n in SIZED}
     for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
         for h in range(H):
@@ -264,12 +311,11 @@ def run_varlen(p: Problem, t: dict) -> Outcome:
                 return x[s, head].double()[None, None]
             keep = None if not p.dropout_p else dropout_mask(
                 seed, 1, sq, sk, p.dropout_p, q.device, first_seq_head=b * H + h)[0][None, None]
-            rows_dq, rows_dk = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h),
-                                          one(k, keys, h // group), one(v, keys, h // group), one(do, rows, h),
-                                          o.detach()[rows, h][None, None], lse[rows, h][None, None], keep)
-            size["dQ"][0, h, rows] = rows_dq
-            size["dK"][0, h // group, keys] += rows_dk ** 2
-    size["dK"] = size["dK"].sqrt()
+            sizes = term_sizes(dataclasses.replace(p, S_q=sq, S_k=sk), one(q, rows, h),
+                               one(k, keys, h // group), one(v, keys, h // group), one(do, rows, h),
+                               o.detach()[rows, h][None, None], lse[rows, h][None, None], keep)
+            _add_head_sizes(size, sizes, (0, h, rows), (0, h // group, keys))
+    size = _group_norms(size)
     floor = {} if p.dropout_p else varlen_floor(p, q, k, v, do, ref, zip(lens_q, lens_k, starts_q, starts_k))
     as4 = {n: x.permute(1, 0, 2)[None] for n, x in got.items()}      # [1, H, total, D], as judged
     return Outcome(as4, {n: x.permute(1, 0, 2)[None] for n, x in ref.items()}, floor, size=size,
