@@ -41,19 +41,22 @@ mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
 warpgroup_mma, warpgroup_mma_wait = gluon_api.warpgroup_mma, gluon_api.warpgroup_mma_wait
 warpgroup_mma_init = gluon_api.warpgroup_mma_init
 fence_async_shared = gluon_api.fence_async_shared
+async_copy = gluon_api.async_copy
 
 LOG2E = 1.4426950408889634
 #: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
 TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
 NUM_WARPS = 8           # two warpgroups: 64 keys each
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
-#: variant -> (WARP_SPECIALIZE, STAGES, DQ_PIPE, BLOCK_M or None for TILES'): "inline" the consumers
+#: variant -> (WARP_SPECIALIZE, STAGES, DQ_PIPE, BLOCK_M or None for TILES', PREFETCH): "inline" the consumers
 #: issue the copies one tile ahead; "pair" as inline, dQ's halves queued together (``DQ_PIPE`` 1);
 #: "lag" as inline, each tile's dQ product run ahead of the next tile's and added under its dV
 #: product (2); "m128" inline with query tiles of 128 rows (half the waits per product); "ws" a
-#: producer warp keeps the ring full, STAGES deep
-VARIANTS = {"inline": (False, 2, 0, None), "pair": (False, 2, 1, None), "lag": (False, 2, 2, None),
-            "m128": (False, 2, 0, 128), "ws": (True, 2, 0, None)}
+#: producer warp keeps the ring full, STAGES deep; "_pf": LSE and delta by cp.async a tile ahead
+VARIANTS = {"inline": (False, 2, 0, None, False), "pair": (False, 2, 1, None, False),
+            "lag": (False, 2, 2, None, False), "m128": (False, 2, 0, 128, False), "ws": (True, 2, 0, None, False),
+            "pair_pf": (False, 2, 1, None, True), "lag_pf": (False, 2, 2, None, True),
+            "inline_pf": (False, 2, 0, None, True)}
 DEFAULT_VARIANT = "inline"
 #: what the kernel does with dQ (``DQ``), for measuring its cost (the "inline" variant only):
 #: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
@@ -68,6 +71,21 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
     mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _prefetch_rows(LSE, DELTA, rows_smem, row, start_m, S_q, slot, NUM_WARPS: gl.constexpr):
+    """A query tile's LSE and delta (rows start_m.. of the head whose rows start at ``row``) into
+    slot ``slot`` of ``rows_smem`` ([2 * STAGES, BLOCK_M]: LSE's slots, then delta's) by cp.async, as one group:
+    read a tile later, their latency is off the critical path. Rows past S_q are not read."""
+    BLOCK_M: gl.constexpr = rows_smem.shape[1]
+    STAGES: gl.constexpr = rows_smem.shape[0] // 2
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    offs = start_m + gl.arange(0, BLOCK_M, layout=flat)
+    ok = offs < S_q
+    async_copy.async_copy_global_to_shared(rows_smem.index(slot), LSE + row + offs, mask=ok)
+    async_copy.async_copy_global_to_shared(rows_smem.index(STAGES + slot), DELTA + row + offs, mask=ok)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -104,10 +122,10 @@ def _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, col0, HEAD_DIM: gl.constexpr, 
 @gluon.jit
 def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-              k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
               b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
               CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, DQ: gl.constexpr,
-              DQ_PIPE: gl.constexpr):
+              DQ_PIPE: gl.constexpr, PREFETCH: gl.constexpr):
     """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
     dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
     else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
@@ -116,7 +134,9 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     dQ's two column halves one after the other, each waited for; 1 both halves queued behind dK's
     product, the first added while the second runs; 2 ("lag") tile t's whole dQ product is left
     running behind tile t + 1's S^T and dP^T and added under tile t + 1's dV product (dS^T then
-    needs two buffers: tile t + 1 writes one while tile t's product reads the other)."""
+    needs two buffers: tile t + 1 writes one while tile t's product reads the other).
+    ``PREFETCH``: each tile's LSE and delta come by cp.async a tile ahead, into shared memory,
+    instead of by loads waited for in the tile (inline variants only)."""
     DQ_LAG: gl.constexpr = DQ_PIPE == 2
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -140,6 +160,9 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     if LOADS:
         if n_tiles > 0:
             _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE, m_start, 0)
+            if PREFETCH:
+                _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_kv * GROUP_SIZE).to(gl.int64) * S_q, m_start, S_q,
+                               0, NUM_WARPS)
     k = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.reshape([BLOCK_N, HEAD_DIM])
     offs_n = start_n + gl.arange(0, BLOCK_N, layout=key_rows)
@@ -153,11 +176,16 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     for t in range(n_tiles):
         h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
         # Every warp is past tile t - 1: its slot may take tile t + 1, and dS^T's buffer is free.
+        if PREFETCH:
+            async_copy.wait_group(0)      # this tile's LSE and delta (this thread's copies) have landed
         gl.thread_barrier()
         if LOADS:
             if t + 1 < n_tiles:
                 h_next, m_next = _tile_head_and_rows(t + 1, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
                 _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_next, m_next, t + 1)
+                if PREFETCH:
+                    _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_next).to(gl.int64) * S_q, m_next, S_q,
+                                   (t + 1) % STAGES, NUM_WARPS)
         slot = t % STAGES
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
@@ -170,8 +198,12 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=query_cols)
         row_ok = offs_m < S_q
         row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
-        lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634   # log2 e
-        delta = gl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
+        if PREFETCH:    # (rows past S_q were not copied: zeros in their place)
+            lse2 = gl.where(row_ok, rows_smem.index(slot).load(query_cols), 0.0) * 1.4426950408889634
+            delta = gl.where(row_ok, rows_smem.index(STAGES + slot).load(query_cols), 0.0)
+        else:
+            lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634   # log2 e
+            delta = gl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
         if DQ_LAG:      # tile t - 1's dQ product ran ahead of S^T and dP^T. (Waiting for all three:
             # ptxas serialises every wgmma if the loop's carried accumulator is read behind a partial wait.)
             dq_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dq_lag, ))
@@ -244,23 +276,23 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
 @gluon.jit
 def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                     k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                     k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                      b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-              k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, 0)
+              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, 0, False)
 
 
 @gluon.jit
 def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                    stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                   k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                   k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                    b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-              k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, 0)
+              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, 0, False)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
@@ -270,7 +302,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
                       WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ: gl.constexpr,
-                      DQ_PIPE: gl.constexpr):
+                      DQ_PIPE: gl.constexpr, PREFETCH: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)             # (batch, K/V head)
@@ -285,6 +317,8 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)   # two for DQ_PIPE 2
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], rows_layout)   # LSE, delta (PREFETCH)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -307,7 +341,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
 
     consumer_args = (q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                     k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                     k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                      b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale)
     producer_args = (q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles)
     if WARP_SPECIALIZE:
@@ -318,9 +352,9 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     else:
         _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                  k_smem, v_smem, q_smem, do_smem, ds_smem, kv_bar, ready, empty,
+                  k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
-                  CAUSAL, NUM_WARPS, True, DQ, DQ_PIPE)
+                  CAUSAL, NUM_WARPS, True, DQ, DQ_PIPE, PREFETCH)
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
@@ -366,7 +400,7 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N = tiles(D, variant)
-    warp_specialize, STAGES, dq_pipe, _ = VARIANTS[variant]
+    warp_specialize, STAGES, dq_pipe, _, prefetch = VARIANTS[variant]
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
@@ -377,7 +411,7 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
     options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
                    NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
-                   DQ=DQ_MODES[dq_mode], DQ_PIPE=dq_pipe, num_warps=NUM_WARPS)
+                   DQ=DQ_MODES[dq_mode], DQ_PIPE=dq_pipe, PREFETCH=prefetch, num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv
 
 

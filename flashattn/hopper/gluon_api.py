@@ -15,7 +15,7 @@ WRITTEN_FOR = ((3, 6),)
 ERROR = None
 VERSION = None
 gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = warpgroup_mma_init = fence_async_shared = None
-TensorDescriptor = None
+TensorDescriptor = async_copy = None
 
 
 def _version(text: str) -> tuple:
@@ -50,7 +50,7 @@ try:
     VERSION = triton.__version__
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier, tma,
                                                                   warpgroup_mma, warpgroup_mma_init,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

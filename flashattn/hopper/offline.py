@@ -58,7 +58,7 @@ def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "in
     gdt = {"fp16": bwd.gl.float16, "bf16": bwd.gl.bfloat16}[dtype]
     shapes = bwd.block_shapes(head_dim, variant)
     BLOCK_M, BLOCK_N = bwd.tiles(head_dim, variant)
-    warp_specialize, STAGES, dq_pipe, _ = bwd.VARIANTS[variant]
+    warp_specialize, STAGES, dq_pipe, _, prefetch = bwd.VARIANTS[variant]
 
     def desc(block):
         layout = bwd.gl.NVMMASharedLayout.get_default_for(block, gdt)
@@ -66,7 +66,7 @@ def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "in
 
     constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
                      NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS,
-                     DQ=bwd.DQ_MODES[dq_mode], DQ_PIPE=dq_pipe)
+                     DQ=bwd.DQ_MODES[dq_mode], DQ_PIPE=dq_pipe, PREFETCH=prefetch)
     ints = ("stride_dk_b", "stride_dk_h", "stride_dk_s", "stride_dv_b", "stride_dv_h", "stride_dv_s",
             "H", "GROUP_SIZE", "S_q", "S_k")
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
