@@ -5,7 +5,7 @@ process, timed by ``triton.testing.do_bench``; TFLOP/s = 2.5 x the forward's 4 B
 when causal), as ``bench_common.attention_flops`` counts the backward. Work in progress (branch
 gluon-backward); its first run is ``results/gluon_backward_h200.txt``.
 
-    python -m flashattn.hopper.bench_backward              # the table (--bf16: bf16 only)
+    python -m flashattn.hopper.bench_backward              # the table (--bf16 [variant ...]: bf16 only)
     python -m flashattn.hopper.bench_backward --ablation   # what dQ costs: the inline variant with
         # dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
     ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu
@@ -19,7 +19,7 @@ from flashattn.hopper import backward as bwd
 from flashattn.fast.backward import fast_attention_backward
 
 
-def main(dtypes=(torch.bfloat16, torch.float16)) -> None:
+def main(dtypes=(torch.bfloat16, torch.float16), variants=()) -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for dtype in dtypes:
         for D, S in ((64, 4096), (128, 4096), (64, 16384), (128, 16384)):
@@ -30,7 +30,7 @@ def main(dtypes=(torch.bfloat16, torch.float16)) -> None:
                     o, lse = hopper.attention_forward(q, k, v, causal, D ** -0.5)
                     flops = 10 * B * H * S * S * D / (2 if causal else 1)
                     ms = {}
-                    for var in bwd.VARIANTS:
+                    for var in variants or bwd.VARIANTS:
                         if bwd.fits(D, var):
                             ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
                                                                                  variant=var))
@@ -89,5 +89,7 @@ def ncu_launches() -> None:
 
 
 if __name__ == "__main__":
-    {"--ablation": ablation, "--ncu": ncu_launches, "--bf16": lambda: main((torch.bfloat16, ))}.get(
-        sys.argv[1] if len(sys.argv) > 1 else "", main)()
+    if len(sys.argv) > 1 and sys.argv[1] == "--bf16":      # --bf16 [variant ...]
+        main((torch.bfloat16, ), tuple(sys.argv[2:]))
+    else:
+        {"--ablation": ablation, "--ncu": ncu_launches}.get(sys.argv[1] if len(sys.argv) > 1 else "", main)()
