@@ -18,8 +18,8 @@ SHAPES = [(1, 2, 2, 1, 1), (2, 4, 2, 65, 65), (1, 8, 2, 127, 300), (2, 2, 2, 100
 
 
 #: (variant, head dim): every variant of ``backward.VARIANTS`` where its tiles fit ("m128" at D 64 only)
-VARIANT_DIMS = [(v, D) for v in ("inline", "pair", "lag", "ws", "inline_pf", "pair_pf", "lag_pf") for D in (64, 128)] \
-    + [("m128", 64)]
+VARIANT_DIMS = [(v, D) for v in ("inline", "pair", "lag", "ws", "inline_pf", "pair_pf", "lag_pf", "n64_pf", "n64_lag_pf")
+                for D in (64, 128)] + [("m128", 64)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -46,17 +46,21 @@ async_copy = gluon_api.async_copy
 LOG2E = 1.4426950408889634
 #: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
 TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
-NUM_WARPS = 8           # two warpgroups: 64 keys each
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
-#: variant -> (WARP_SPECIALIZE, STAGES, DQ_PIPE, BLOCK_M or None for TILES', PREFETCH): "inline" the consumers
-#: issue the copies one tile ahead; "pair" as inline, dQ's halves queued together (``DQ_PIPE`` 1);
-#: "lag" as inline, each tile's dQ product run ahead of the next tile's and added under its dV
-#: product (2); "m128" inline with query tiles of 128 rows (half the waits per product); "ws" a
-#: producer warp keeps the ring full, STAGES deep; "_pf": LSE and delta by cp.async a tile ahead
-VARIANTS = {"inline": (False, 2, 0, None, False), "pair": (False, 2, 1, None, False),
-            "lag": (False, 2, 2, None, False), "m128": (False, 2, 0, 128, False), "ws": (True, 2, 0, None, False),
-            "pair_pf": (False, 2, 1, None, True), "lag_pf": (False, 2, 2, None, True),
-            "inline_pf": (False, 2, 0, None, True)}
+#: what a variant sets, unless it says otherwise: tiles from TILES, 8 warps (two warpgroups of 64
+#: keys), the consumers issue the copies one tile ahead, dQ's halves one after the other
+VARIANT_DEFAULTS = dict(WARP_SPECIALIZE=False, STAGES=2, DQ_PIPE=0, BLOCK_M=None, BLOCK_N=None, NUM_WARPS=8,
+                        PREFETCH=False)
+#: the variants measured (``bench_backward``): "pair" dQ's halves queued together (``DQ_PIPE`` 1);
+#: "lag" each tile's dQ product run ahead of the next tile's and added under its dV product (2);
+#: "m128" query tiles of 128 rows (half the waits per product); "ws" a producer warp keeps the ring
+#: full; "_pf" LSE and delta by cp.async a tile ahead (``PREFETCH``); "n64" one warpgroup of 64
+#: keys per program, so that two programs share an SM and one's softmax runs under the other's products
+VARIANTS = {"inline": {}, "pair": dict(DQ_PIPE=1), "lag": dict(DQ_PIPE=2), "m128": dict(BLOCK_M=128),
+            "ws": dict(WARP_SPECIALIZE=True), "inline_pf": dict(PREFETCH=True),
+            "pair_pf": dict(DQ_PIPE=1, PREFETCH=True), "lag_pf": dict(DQ_PIPE=2, PREFETCH=True),
+            "n64_pf": dict(BLOCK_N=64, NUM_WARPS=4, PREFETCH=True),
+            "n64_lag_pf": dict(BLOCK_N=64, NUM_WARPS=4, DQ_PIPE=2, PREFETCH=True)}
 DEFAULT_VARIANT = "inline"
 #: what the kernel does with dQ (``DQ``), for measuring its cost (the "inline" variant only):
 #: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
@@ -367,16 +371,26 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
 # --------------------------------------------------------------------------------------
 def fits(head_dim: int, variant: str) -> bool:
     """Whether the variant's tiles fit in shared memory at this head dim ("m128" holds 256 KB at D 128)."""
-    return VARIANTS[variant][3] is None or head_dim <= 64
+    return VARIANTS[variant].get("BLOCK_M") is None or head_dim <= 64
 
 
-def tiles(head_dim: int, variant: str = DEFAULT_VARIANT) -> tuple:
-    """(BLOCK_M, BLOCK_N) of a variant at this head dim."""
+def config(head_dim: int, variant: str = DEFAULT_VARIANT) -> dict:
+    """The kernel's constexprs for a variant at this head dim (``VARIANT_DEFAULTS`` and the
+    variant's own), tiles filled in from TILES."""
     if not fits(head_dim, variant):
         raise ValueError(f"the backward's {variant!r} variant is for head dim 64, not {head_dim}: its tiles "
                          "would need more shared memory than an SM has")
     BLOCK_M, BLOCK_N, _ = TILES[head_dim]
-    return VARIANTS[variant][3] or BLOCK_M, BLOCK_N
+    merged = {**VARIANT_DEFAULTS, **VARIANTS[variant]}
+    merged["BLOCK_M"] = merged["BLOCK_M"] or BLOCK_M
+    merged["BLOCK_N"] = merged["BLOCK_N"] or BLOCK_N
+    return merged
+
+
+def tiles(head_dim: int, variant: str = DEFAULT_VARIANT) -> tuple:
+    """(BLOCK_M, BLOCK_N) of a variant at this head dim."""
+    c = config(head_dim, variant)
+    return c["BLOCK_M"], c["BLOCK_N"]
 
 
 def block_shapes(head_dim: int, variant: str = DEFAULT_VARIANT) -> dict:
@@ -399,19 +413,17 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
 
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    BLOCK_M, BLOCK_N = tiles(D, variant)
-    warp_specialize, STAGES, dq_pipe, _, prefetch = VARIANTS[variant]
+    constants = config(D, variant)
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
     shapes = block_shapes(D, variant)
     descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
              make_descriptor(do, shapes["q"]))
-    grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
+    grid = (triton_cdiv(S_k, constants["BLOCK_N"]), B * H_kv)
     args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
-    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
-                   NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
-                   DQ=DQ_MODES[dq_mode], DQ_PIPE=dq_pipe, PREFETCH=prefetch, num_warps=NUM_WARPS)
+    options = dict(CAUSAL=bool(causal), HEAD_DIM=D, PRODUCER_REGS=PRODUCER_REGS, DQ=DQ_MODES[dq_mode],
+                   num_warps=constants["NUM_WARPS"], **constants)
     return grid, args, options, dq_acc, dk, dv
 
 
