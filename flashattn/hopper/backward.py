@@ -1,12 +1,11 @@
-"""FlashAttention's backward for Hopper (sm_90) in Gluon, first step (issue 44): one kernel per block
-of keys that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
+"""FlashAttention's backward for Hopper (sm_90) in Gluon (issue 44): one kernel per block of keys
+that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
 
-Work in progress on a branch, not wired into any entry point. On an H200 (2026-11-29) it is
-correct (``tests/test_hopper_backward_gpu.py``: 112 passed, both variants, dK and dV bit for bit
-across runs) and slow: 0.48-0.62x cuDNN's backward and 0.62-0.80x the ``tl`` fast backward at the
-benchmark's shapes (``results/gluon_backward_h200.txt``). Not yet profiled; suspects are dQ's
-relaxed atomics from registers (every key block adds all of dQ; FlashAttention-3 hands dQ to a
-warp that reduces it by TMA) and the 255 registers of the inline variant at D 128.
+Measured, not dispatched: the fast path's backward stays the ``tl`` kernels, which are faster. On an
+H200 (2026-11-29, ``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the
+best variant reaches 0.80-0.98x the ``tl`` fast backward and 0.66-0.73x cuDNN's. Correct there:
+``tests/test_hopper_backward_gpu.py`` (every variant, per-head errors against float64 and SDPA,
+dK and dV bit for bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
 
 Same math as ``flashattn/backward.py``'s dK/dV kernel, turned round as FlashAttention-3 does it: a
 program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product) and walks
@@ -24,9 +23,16 @@ Q and dO tiles come by the copy engine (TMA) into a ring of ``STAGES`` slots: is
 themselves one tile ahead ("inline", as the forward's variant), or by a producer warp on 24 registers
 that keeps the ring full while the consumers get 240 (``setmaxnreg``; "ws"). dQ's product runs in two
 column halves, so that half its accumulator is in registers at a time: offline for sm_90, D 128
-spilled 168-188 bytes with it whole and none (8 causal) in halves ("inline"). delta
-= rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from its fp32
-buffer after it.
+spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200 said to add:
+
+- ``PREFETCH`` ("prefetch"): each tile's LSE and delta come by cp.async one tile ahead into shared
+  memory, instead of global loads waited for in the tile: +15-26% at D 128, +23-46% at D 64.
+- ``DQ_LAG`` ("prefetch_lag", D 64): each tile's whole dQ product is left running behind the next
+  tile's S^T and dP^T, and added under the next tile's dV product: +0-4% more at D 64. At D 128 its
+  carried accumulator spills (224-292 bytes), and it is slower.
+
+delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
+its fp32 buffer after it.
 """
 from __future__ import annotations
 
@@ -46,23 +52,14 @@ async_copy = gluon_api.async_copy
 LOG2E = 1.4426950408889634
 #: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
 TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+NUM_WARPS = 8           # two warpgroups: 64 keys each
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
-#: what a variant sets, unless it says otherwise: tiles from TILES, 8 warps (two warpgroups of 64
-#: keys), the consumers issue the copies one tile ahead, dQ's halves one after the other
-VARIANT_DEFAULTS = dict(WARP_SPECIALIZE=False, STAGES=2, DQ_PIPE=0, BLOCK_M=None, BLOCK_N=None, NUM_WARPS=8,
-                        PREFETCH=False)
-#: the variants measured (``bench_backward``): "pair" dQ's halves queued together (``DQ_PIPE`` 1);
-#: "lag" each tile's dQ product run ahead of the next tile's and added under its dV product (2);
-#: "m128" query tiles of 128 rows (half the waits per product); "ws" a producer warp keeps the ring
-#: full; "_pf" LSE and delta by cp.async a tile ahead (``PREFETCH``); "n64" one warpgroup of 64
-#: keys per program, so that two programs share an SM and one's softmax runs under the other's products
-VARIANTS = {"inline": {}, "pair": dict(DQ_PIPE=1), "lag": dict(DQ_PIPE=2), "m128": dict(BLOCK_M=128),
-            "ws": dict(WARP_SPECIALIZE=True), "inline_pf": dict(PREFETCH=True),
-            "pair_pf": dict(DQ_PIPE=1, PREFETCH=True), "lag_pf": dict(DQ_PIPE=2, PREFETCH=True),
-            "n64_pf": dict(BLOCK_N=64, NUM_WARPS=4, PREFETCH=True),
-            "n64_lag_pf": dict(BLOCK_N=64, NUM_WARPS=4, DQ_PIPE=2, PREFETCH=True)}
-DEFAULT_VARIANT = "inline"
-#: what the kernel does with dQ (``DQ``), for measuring its cost (the "inline" variant only):
+#: variant -> (WARP_SPECIALIZE, PREFETCH, DQ_LAG); see the module's docstring
+VARIANTS = {"inline": (False, False, False), "ws": (True, False, False), "prefetch": (False, True, False),
+            "prefetch_lag": (False, True, True)}
+#: the fastest variant at each head dim (results/gluon_backward_h200.txt): what ``launch`` runs unless told
+BEST = {64: "prefetch_lag", 128: "prefetch"}
+#: what the kernel does with dQ (``DQ``), for measuring its cost (variants without DQ_LAG):
 #: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
 DQ_MODES = {"atomics": 2, "stores": 1, "none": 0}
 
@@ -129,19 +126,16 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
               b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
               CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, DQ: gl.constexpr,
-              DQ_PIPE: gl.constexpr, PREFETCH: gl.constexpr):
+              PREFETCH: gl.constexpr, DQ_LAG: gl.constexpr):
     """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
     dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
     else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
     measuring what dQ costs (``DQ_MODES``): 2 computes it, 1 stores its tiles without atomics (a
-    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``DQ_PIPE``: 0
-    dQ's two column halves one after the other, each waited for; 1 both halves queued behind dK's
-    product, the first added while the second runs; 2 ("lag") tile t's whole dQ product is left
-    running behind tile t + 1's S^T and dP^T and added under tile t + 1's dV product (dS^T then
-    needs two buffers: tile t + 1 writes one while tile t's product reads the other).
-    ``PREFETCH``: each tile's LSE and delta come by cp.async a tile ahead, into shared memory,
-    instead of by loads waited for in the tile (inline variants only)."""
-    DQ_LAG: gl.constexpr = DQ_PIPE == 2
+    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``PREFETCH``: each
+    tile's LSE and delta come by cp.async a tile ahead, into shared memory (with ``LOADS``).
+    ``DQ_LAG``: tile t's whole dQ product is left running behind tile t + 1's S^T and dP^T and
+    added under tile t + 1's dV product (dS^T then needs two buffers: tile t + 1 writes one while
+    tile t's product reads the other)."""
     dtype: gl.constexpr = q_desc.dtype
     BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
     BLOCK_N: gl.constexpr = k_smem.shape[2]
@@ -235,24 +229,12 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         if DQ > 0:
             fence_async_shared()
             gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
-        if DQ > 0 and DQ_PIPE == 1:       # dQ = dS K, both column halves queued behind dK's product
-            ds_t = ds_smem.index(0).permute((1, 0))
-            dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
-            dq0 = warpgroup_mma(ds_t, k.slice(0, HEAD_DIM // 2, dim=1), dq_zero, use_acc=False, is_async=True)
-            dq1 = warpgroup_mma(ds_t, k.slice(HEAD_DIM // 2, HEAD_DIM // 2, dim=1), dq_zero, use_acc=False,
-                                is_async=True)
-            dk, ds_op = warpgroup_mma_wait(num_outstanding=2, deps=(dk, ds_op))
-            dq0 = warpgroup_mma_wait(num_outstanding=1, deps=(dq0, ))
-            _add_dq(dq0, DQ_ACC, row, start_m, S_q, scale, 0, HEAD_DIM, DQ)          # under dq1's product
-            dq1 = warpgroup_mma_wait(num_outstanding=0, deps=(dq1, ))
-            _add_dq(dq1, DQ_ACC, row, start_m, S_q, scale, HEAD_DIM // 2, HEAD_DIM, DQ)
-        else:
-            dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         if not LOADS:
             mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
         if DQ_LAG:      # dQ = dS K, left running (waited for in the next iteration, or after the loop)
             dq_lag = warpgroup_mma(ds_smem.index(ds_buf).permute((1, 0)), k, dq_lag, use_acc=False, is_async=True)
-        elif DQ > 0 and DQ_PIPE == 0:     # dQ = dS K in column halves: half the accumulator in registers at a time
+        elif DQ > 0:    # dQ = dS K in column halves: half the accumulator in registers at a time
             for half in gl.static_range(2):
                 dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
                 dq = warpgroup_mma(ds_smem.index(0).permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
@@ -285,7 +267,7 @@ def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, 0, False)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, False, False)
 
 
 @gluon.jit
@@ -296,7 +278,7 @@ def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, 0, False)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, False, False)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
@@ -306,7 +288,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
                       WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ: gl.constexpr,
-                      DQ_PIPE: gl.constexpr, PREFETCH: gl.constexpr):
+                      PREFETCH: gl.constexpr, DQ_LAG: gl.constexpr):
     dtype: gl.constexpr = q_desc.dtype
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)             # (batch, K/V head)
@@ -320,7 +302,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)   # two for DQ_PIPE 2
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)   # two for DQ_LAG
     rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], rows_layout)   # LSE, delta (PREFETCH)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -358,7 +340,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                   k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
-                  CAUSAL, NUM_WARPS, True, DQ, DQ_PIPE, PREFETCH)
+                  CAUSAL, NUM_WARPS, True, DQ, PREFETCH, DQ_LAG)
 
     mbarrier.invalidate(kv_bar)
     for i in gl.static_range(STAGES):
@@ -369,32 +351,8 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
 # --------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------
-def fits(head_dim: int, variant: str) -> bool:
-    """Whether the variant's tiles fit in shared memory at this head dim ("m128" holds 256 KB at D 128)."""
-    return VARIANTS[variant].get("BLOCK_M") is None or head_dim <= 64
-
-
-def config(head_dim: int, variant: str = DEFAULT_VARIANT) -> dict:
-    """The kernel's constexprs for a variant at this head dim (``VARIANT_DEFAULTS`` and the
-    variant's own), tiles filled in from TILES."""
-    if not fits(head_dim, variant):
-        raise ValueError(f"the backward's {variant!r} variant is for head dim 64, not {head_dim}: its tiles "
-                         "would need more shared memory than an SM has")
+def block_shapes(head_dim: int) -> dict:
     BLOCK_M, BLOCK_N, _ = TILES[head_dim]
-    merged = {**VARIANT_DEFAULTS, **VARIANTS[variant]}
-    merged["BLOCK_M"] = merged["BLOCK_M"] or BLOCK_M
-    merged["BLOCK_N"] = merged["BLOCK_N"] or BLOCK_N
-    return merged
-
-
-def tiles(head_dim: int, variant: str = DEFAULT_VARIANT) -> tuple:
-    """(BLOCK_M, BLOCK_N) of a variant at this head dim."""
-    c = config(head_dim, variant)
-    return c["BLOCK_M"], c["BLOCK_N"]
-
-
-def block_shapes(head_dim: int, variant: str = DEFAULT_VARIANT) -> dict:
-    BLOCK_M, BLOCK_N = tiles(head_dim, variant)
     return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
 
 
@@ -403,31 +361,35 @@ def make_descriptor(t: torch.Tensor, block_shape: list):
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 
-def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: str = DEFAULT_VARIANT,
+def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: str | None = None,
                 dq_mode: str = "atomics"):
-    """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed.
-    ``dq_mode`` other than "atomics" gives a wrong dQ: it is for measuring (``DQ_MODES``)."""
-    if dq_mode != "atomics" and variant != "inline":
-        raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' variant only, not {variant!r}")
+    """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed. ``variant``
+    None: ``BEST`` at this head dim. ``dq_mode`` other than "atomics" gives a wrong dQ: it is for
+    measuring (``DQ_MODES``)."""
+    variant = variant or BEST[q.shape[-1]]
+    if dq_mode != "atomics" and (VARIANTS[variant][0] or VARIANTS[variant][2]):
+        raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' and 'prefetch' variants, not {variant!r}")
     from .. import runtime
 
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    constants = config(D, variant)
+    BLOCK_M, BLOCK_N, STAGES = TILES[D]
+    warp_specialize, prefetch, dq_lag = VARIANTS[variant]
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
-    shapes = block_shapes(D, variant)
+    shapes = block_shapes(D)
     descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
              make_descriptor(do, shapes["q"]))
-    grid = (triton_cdiv(S_k, constants["BLOCK_N"]), B * H_kv)
+    grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
     args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
-    options = dict(CAUSAL=bool(causal), HEAD_DIM=D, PRODUCER_REGS=PRODUCER_REGS, DQ=DQ_MODES[dq_mode],
-                   num_warps=constants["NUM_WARPS"], **constants)
+    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
+                   NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
+                   DQ=DQ_MODES[dq_mode], PREFETCH=prefetch, DQ_LAG=dq_lag, num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv
 
 
-def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str = DEFAULT_VARIANT,
+def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str | None = None,
            dq_mode: str = "atomics"):
     """dQ, dK, dV as the ``tl`` fast backward returns them (inputs checked by the caller: the
     forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""

@@ -2,12 +2,13 @@
 (SDPA with ``CUDNN_ATTENTION``), on a Hopper GPU: ``python -m flashattn.hopper.bench_backward``.
 bf16 and fp16, B * S = 16k, H * D = 2048, S 4k/16k, D 64/128, causal both; every provider in one
 process, timed by ``triton.testing.do_bench``; TFLOP/s = 2.5 x the forward's 4 B H S^2 D (halved
-when causal), as ``bench_common.attention_flops`` counts the backward. Work in progress (branch
-gluon-backward); its first run is ``results/gluon_backward_h200.txt``.
+when causal), as ``bench_common.attention_flops`` counts the backward. Its runs are in
+``results/gluon_backward_h200.txt``.
 
-    python -m flashattn.hopper.bench_backward              # the table (--bf16 [variant ...]: bf16 only)
-    python -m flashattn.hopper.bench_backward --ablation   # what dQ costs: the inline variant with
-        # dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
+    python -m flashattn.hopper.bench_backward                # the table
+    python -m flashattn.hopper.bench_backward --bf16 [variant ...]   # bf16 only, those variants
+    python -m flashattn.hopper.bench_backward --ablation [prefetch]  # what dQ costs: the inline (or
+        # prefetch) variant with dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
     ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu
         # one launch of each variant (bf16 D128 S4k, full), between cudaProfilerStart and Stop
 """
@@ -31,9 +32,8 @@ def main(dtypes=(torch.bfloat16, torch.float16), variants=()) -> None:
                     flops = 10 * B * H * S * S * D / (2 if causal else 1)
                     ms = {}
                     for var in variants or bwd.VARIANTS:
-                        if bwd.fits(D, var):
-                            ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
-                                                                                 variant=var))
+                        ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
+                                                                             variant=var))
                     ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
                     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
                     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
@@ -57,8 +57,8 @@ def _inputs(dtype, B, H, S, D, causal):
     return q, k, v, o, do, lse
 
 
-def ablation() -> None:
-    """The inline variant with dQ by atomics, by plain stores and without it: what dQ costs."""
+def ablation(variant: str = "inline") -> None:
+    """A variant ("inline" or "prefetch") with dQ by atomics, by plain stores and without it: what dQ costs."""
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     for D in (64, 128):
         for causal in (False, True):
@@ -66,10 +66,10 @@ def ablation() -> None:
             q, k, v, o, do, lse = _inputs(torch.bfloat16, B, H, S, D, causal)
             flops = 10 * B * H * S * S * D / (2 if causal else 1)
             ms = {mode: triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
-                                                                  variant="inline", dq_mode=mode))
+                                                                  variant=variant, dq_mode=mode))
                   for mode in bwd.DQ_MODES}
             ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
-            print(f"bf16 D{D} S{S} {'causal' if causal else 'full'}: " +
+            print(f"bf16 D{D} S{S} {'causal' if causal else 'full'} ({variant}): " +
                   "  ".join(f"{n} {flops / m / 1e9:.0f}" for n, m in ms.items()) + " TFLOP/s (dQ modes counted as the whole)",
                   flush=True)
 
@@ -77,7 +77,7 @@ def ablation() -> None:
 def ncu_launches() -> None:
     """Warm up, then one launch of each variant between cudaProfilerStart and cudaProfilerStop."""
     q, k, v, o, do, lse = _inputs(torch.bfloat16, 4, 16, 4096, 128, False)
-    variants = [v for v in bwd.VARIANTS if bwd.fits(128, v)]
+    variants = list(bwd.VARIANTS)
     for variant in variants:
         bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
     torch.cuda.synchronize()
@@ -92,4 +92,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--bf16":      # --bf16 [variant ...]
         main((torch.bfloat16, ), tuple(sys.argv[2:]))
     else:
-        {"--ablation": ablation, "--ncu": ncu_launches}.get(sys.argv[1] if len(sys.argv) > 1 else "", main)()
+        {"--ablation": lambda: ablation(*sys.argv[2:3]), "--ncu": ncu_launches}.get(
+            sys.argv[1] if len(sys.argv) > 1 else "", main)()

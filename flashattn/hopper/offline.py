@@ -56,15 +56,17 @@ def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "in
     from . import backward as bwd
 
     gdt = {"fp16": bwd.gl.float16, "bf16": bwd.gl.bfloat16}[dtype]
-    shapes = bwd.block_shapes(head_dim, variant)
-    config = bwd.config(head_dim, variant)
+    shapes = bwd.block_shapes(head_dim)
+    BLOCK_M, BLOCK_N, STAGES = bwd.TILES[head_dim]
+    warp_specialize, prefetch, dq_lag = bwd.VARIANTS[variant]
 
     def desc(block):
         layout = bwd.gl.NVMMASharedLayout.get_default_for(block, gdt)
         return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
 
-    constants = dict(CAUSAL=causal, HEAD_DIM=head_dim, PRODUCER_REGS=bwd.PRODUCER_REGS, DQ=bwd.DQ_MODES[dq_mode],
-                     **config)
+    constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
+                     NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS,
+                     DQ=bwd.DQ_MODES[dq_mode], PREFETCH=prefetch, DQ_LAG=dq_lag)
     ints = ("stride_dk_b", "stride_dk_h", "stride_dk_s", "stride_dv_b", "stride_dv_h", "stride_dv_s",
             "H", "GROUP_SIZE", "S_q", "S_k")
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
@@ -72,7 +74,7 @@ def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "in
                      DV=f"*{dtype}", **{n: "i32" for n in ints}, scale="fp32", qk_scale="fp32",
                      **{name: "constexpr" for name in constants})
     src = GluonASTSource(bwd.hopper_bwd_kernel, signature, constexprs=constants)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": config["NUM_WARPS"]})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bwd.NUM_WARPS})
 
 
 class _TargetOnly:
