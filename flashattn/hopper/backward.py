@@ -196,7 +196,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=query_cols)
         row_ok = offs_m < S_q
         row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
-        if PREFETCH:    # (rows past S_q were not copied: zeros in their place)
+        if PREFETCH:    # (rows past S_q were not copied: masked here)
             lse2 = gl.where(row_ok, rows_smem.index(slot).load(query_cols), 0.0) * 1.4426950408889634
             delta = gl.where(row_ok, rows_smem.index(STAGES + slot).load(query_cols), 0.0)
         else:
