@@ -14,7 +14,8 @@ WRITTEN_FOR = ((3, 6),)
 
 ERROR = None
 VERSION = None
-gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = fence_async_shared = TensorDescriptor = None
+gluon = gl = mbarrier = tma = warpgroup_mma = warpgroup_mma_wait = warpgroup_mma_init = fence_async_shared = None
+TensorDescriptor = async_copy = None
 
 
 def _version(text: str) -> tuple:
@@ -49,8 +50,9 @@ try:
     VERSION = triton.__version__
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                                  warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier, tma,
+                                                                  warpgroup_mma, warpgroup_mma_init,
+                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     if _version(VERSION) not in WRITTEN_FOR:      # first: the release is what a reader can act on
         raise ImportError(f"triton {VERSION}: the Gluon kernels were written for triton "

@@ -47,6 +47,36 @@ def compile_variant(dtype: str, head_dim: int, causal: bool, variant: str):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
+def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "inline", dq_mode: str = "atomics"):
+    """The Gluon backward (``backward.hopper_bwd_kernel``) for sm_90, as ``compile_variant``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from . import backward as bwd
+
+    gdt = {"fp16": bwd.gl.float16, "bf16": bwd.gl.bfloat16}[dtype]
+    shapes = bwd.block_shapes(head_dim)
+    BLOCK_M, BLOCK_N, STAGES = bwd.TILES[head_dim]
+    warp_specialize, prefetch, dq_lag = bwd.VARIANTS[variant]
+
+    def desc(block):
+        layout = bwd.gl.NVMMASharedLayout.get_default_for(block, gdt)
+        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+
+    constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
+                     NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS,
+                     DQ=bwd.DQ_MODES[dq_mode], PREFETCH=prefetch, DQ_LAG=dq_lag)
+    ints = ("stride_dk_b", "stride_dk_h", "stride_dk_s", "stride_dv_b", "stride_dv_h", "stride_dv_s",
+            "H", "GROUP_SIZE", "S_q", "S_k")
+    signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
+                     do_desc=desc(shapes["q"]), LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", DK=f"*{dtype}",
+                     DV=f"*{dtype}", **{n: "i32" for n in ints}, scale="fp32", qk_scale="fp32",
+                     **{name: "constexpr" for name in constants})
+    src = GluonASTSource(bwd.hopper_bwd_kernel, signature, constexprs=constants)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": bwd.NUM_WARPS})
+
+
 class _TargetOnly:
     """A stand-in for Triton's CUDA driver that knows only the target: enough for the JIT's
     binder and compile (``warmup``), nothing that launches."""
@@ -110,12 +140,31 @@ def main(argv=None) -> None:
                         "(fp16 D128 causal ws)")
     parser.add_argument("--launcher", action="store_true", help="also bind and compile through the launcher "
                         "(launch_args + warmup, a stand-in driver)")
+    parser.add_argument("--backward", action="store_true", help="compile the Gluon backward instead")
     args = parser.parse_args(argv)
     from .. import runtime
     if runtime.INTERPRET:
         parser.error("Triton's interpreter is on (TRITON_INTERPRET=1, or set by flashattn on a machine without a "
                      "GPU), and kernels made under it do not compile: run it as TRITON_INTERPRET=0 python -m "
                      "flashattn.hopper.offline")
+    if args.backward:
+        from . import backward as bwd
+        for dtype, D, causal, variant in itertools.product(("fp16", "bf16"), (64, 128), (False, True),
+                                                           tuple(bwd.VARIANTS)):
+            name = f"bwd {dtype} D{D} {'causal' if causal else 'full'} {variant}"
+            if not all(word in name.split() for word in args.only):
+                continue
+            try:
+                k = compile_backward(dtype, D, causal, variant)
+            except Exception as exc:   # noqa: BLE001 -- report every variant
+                print(f"{name:34} FAILED: {type(exc).__name__}: {str(exc)[:1500]}")
+                continue
+            rep = ptxas_report(k.asm["ptx"])
+            print(f"{name:34} regs {rep['registers']} spill {rep['spill_stores']}/{rep['spill_loads']} "
+                  f"smem {k.metadata.shared / 1024:.1f} KB wgmma serialized {rep['wgmma_serialized']}")
+            for w in rep["warnings"]:
+                print("    ptxas:", w[:200])
+        return
     if args.launcher:
         k = check_launcher()
         print(f"launcher: launch_args + warmup bound and compiled {k.name} (bf16 D128 causal ws, [B, S, H, D] q): "

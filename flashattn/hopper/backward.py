@@ -1,0 +1,404 @@
+"""FlashAttention's backward for Hopper (sm_90) in Gluon (issue 44): one kernel per block of keys
+that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
+
+Measured, not dispatched: the fast path's backward stays the ``tl`` kernels, which are faster. On an
+H200 (2026-11-29, ``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the
+best variant reaches 0.80-0.98x the ``tl`` fast backward and 0.66-0.73x cuDNN's. Correct there:
+``tests/test_hopper_backward_gpu.py`` (every variant, per-head errors against float64 and SDPA,
+dK and dV bit for bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
+
+Same math as ``flashattn/backward.py``'s dK/dV kernel, turned round as FlashAttention-3 does it: a
+program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product) and walks
+the query tiles (BLOCK_M = 64 rows, the N side), for each query head of its GQA group:
+
+    S^T  = K Q^T                    [BLOCK_N, BLOCK_M]   (wgmma: K and Q from shared memory)
+    P^T  = exp2(S^T * scale * log2 e - LSE * log2 e)     (masked: keys past S_k, rows past S_q, causal)
+    dV  += P^T dO                   [BLOCK_N, D]         (P^T from registers)
+    dP^T = V dO^T                   [BLOCK_N, BLOCK_M]
+    dS^T = P^T (dP^T - delta)
+    dK  += dS^T Q                   [BLOCK_N, D]         (dS^T from registers)
+    dQ  += dS K * scale             [BLOCK_M, D]         (dS^T through shared memory, fp32 atomics)
+
+Q and dO tiles come by the copy engine (TMA) into a ring of ``STAGES`` slots: issued by the consumers
+themselves one tile ahead ("inline", as the forward's variant), or by a producer warp on 24 registers
+that keeps the ring full while the consumers get 240 (``setmaxnreg``; "ws"). dQ's product runs in two
+column halves, so that half its accumulator is in registers at a time: offline for sm_90, D 128
+spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200 said to add:
+
+- ``PREFETCH`` ("prefetch"): each tile's LSE and delta come by cp.async one tile ahead into shared
+  memory, instead of global loads waited for in the tile: +15-26% at D 128, +23-46% at D 64.
+- ``DQ_LAG`` ("prefetch_lag", D 64): each tile's whole dQ product is left running behind the next
+  tile's S^T and dP^T, and added under the next tile's dV product: +0-4% more at D 64. At D 128 its
+  carried accumulator spills (224-292 bytes), and it is slower.
+
+delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
+its fp32 buffer after it.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import gluon_api
+from .forward import gluon_dtype, triton_cdiv
+from .host import descriptor_strides, layout_problem
+
+gluon, gl = gluon_api.gluon, gluon_api.gl
+mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
+warpgroup_mma, warpgroup_mma_wait = gluon_api.warpgroup_mma, gluon_api.warpgroup_mma_wait
+warpgroup_mma_init = gluon_api.warpgroup_mma_init
+fence_async_shared = gluon_api.fence_async_shared
+async_copy = gluon_api.async_copy
+
+LOG2E = 1.4426950408889634
+#: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
+TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+NUM_WARPS = 8           # two warpgroups: 64 keys each
+PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
+#: variant -> (WARP_SPECIALIZE, PREFETCH, DQ_LAG); see the module's docstring
+VARIANTS = {"inline": (False, False, False), "ws": (True, False, False), "prefetch": (False, True, False),
+            "prefetch_lag": (False, True, True)}
+#: the fastest variant at each head dim (results/gluon_backward_h200.txt): what ``launch`` runs unless told
+BEST = {64: "prefetch_lag", 128: "prefetch"}
+#: what the kernel does with dQ (``DQ``), for measuring its cost (variants without DQ_LAG):
+#: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
+DQ_MODES = {"atomics": 2, "stores": 1, "none": 0}
+
+
+@gluon.jit
+def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
+    """Query tile t (its Q and dO rows) into slot t % STAGES, on that slot's barrier."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    slot = t % STAGES
+    mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
+    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _prefetch_rows(LSE, DELTA, rows_smem, row, start_m, S_q, slot, NUM_WARPS: gl.constexpr):
+    """A query tile's LSE and delta (rows start_m.. of the head whose rows start at ``row``) into
+    slot ``slot`` of ``rows_smem`` ([2 * STAGES, BLOCK_M]: LSE's slots, then delta's) by cp.async, as one group:
+    read a tile later, their latency is off the critical path. Rows past S_q are not read."""
+    BLOCK_M: gl.constexpr = rows_smem.shape[1]
+    STAGES: gl.constexpr = rows_smem.shape[0] // 2
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+    offs = start_m + gl.arange(0, BLOCK_M, layout=flat)
+    ok = offs < S_q
+    async_copy.async_copy_global_to_shared(rows_smem.index(slot), LSE + row + offs, mask=ok)
+    async_copy.async_copy_global_to_shared(rows_smem.index(STAGES + slot), DELTA + row + offs, mask=ok)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M: gl.constexpr):
+    """Query tile t of the walk: (query head, first row). Every query head of the GQA group walks
+    the same n_m tiles from m_start."""
+    return h_kv * GROUP_SIZE + t // n_m, m_start + (t % n_m) * BLOCK_M
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles):
+    """The producer warp: every query tile's Q and dO rows as the consumers free their slots."""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    for t in range(n_tiles):
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
+        mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)   # a fresh barrier: free
+        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t)
+
+
+@gluon.jit
+def _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, col0, HEAD_DIM: gl.constexpr, DQ: gl.constexpr):
+    """dQ's columns col0.. of one query tile (rows from start_m of the head whose rows start at
+    ``row``) added into the fp32 buffer, whose rows are HEAD_DIM long; ``DQ`` 1 stores them instead (a wrong dQ, for timing)."""
+    BLOCK_M: gl.constexpr = dq.shape[0]
+    dq_r = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq.type.layout))
+    dq_c = col0 + gl.arange(0, dq.shape[1], layout=gl.SliceLayout(0, dq.type.layout))
+    dq_ptrs = DQ_ACC + row * HEAD_DIM + dq_r[:, None] * HEAD_DIM + dq_c[None, :]
+    if DQ == 2:
+        gl.atomic_add(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None], sem="relaxed")
+    else:
+        gl.store(dq_ptrs, dq * scale, mask=(dq_r < S_q)[:, None])
+
+
+@gluon.jit
+def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
+              CAUSAL: gl.constexpr, NUM_WARPS: gl.constexpr, LOADS: gl.constexpr, DQ: gl.constexpr,
+              PREFETCH: gl.constexpr, DQ_LAG: gl.constexpr):
+    """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
+    dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
+    else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
+    measuring what dQ costs (``DQ_MODES``): 2 computes it, 1 stores its tiles without atomics (a
+    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``PREFETCH``: each
+    tile's LSE and delta come by cp.async a tile ahead, into shared memory (with ``LOADS``).
+    ``DQ_LAG``: tile t's whole dQ product is left running behind tile t + 1's S^T and dP^T and
+    added under tile t + 1's dV product (dS^T then needs two buffers: tile t + 1 writes one while
+    tile t's product reads the other)."""
+    dtype: gl.constexpr = q_desc.dtype
+    BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+    BLOCK_N: gl.constexpr = k_smem.shape[2]
+    HEAD_DIM: gl.constexpr = k_smem.shape[3]
+    STAGES: gl.constexpr = q_smem.shape[0]
+    # Layouts: the products' accumulators (two warpgroups stacked along the keys), P^T and dS^T as
+    # register operands of the dV and dK products, and dQ's accumulator split along D.
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
+                                                        instr_shape=[16, HEAD_DIM // 2 // (NUM_WARPS // 4), 16])
+    dq_whole_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, NUM_WARPS // 4],
+                                                              instr_shape=[16, HEAD_DIM // (NUM_WARPS // 4), 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)     # a vector along BLOCK_N
+    query_cols: gl.constexpr = gl.SliceLayout(0, st_layout)   # a vector along BLOCK_M
+
+    if LOADS:
+        if n_tiles > 0:
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE, m_start, 0)
+            if PREFETCH:
+                _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_kv * GROUP_SIZE).to(gl.int64) * S_q, m_start, S_q,
+                               0, NUM_WARPS)
+    k = k_smem.reshape([BLOCK_N, HEAD_DIM])
+    v = v_smem.reshape([BLOCK_N, HEAD_DIM])
+    offs_n = start_n + gl.arange(0, BLOCK_N, layout=key_rows)
+    key_ok = offs_n < S_k
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    if DQ_LAG:      # the lagging tile's dQ product, carried from one iteration to the next
+        dq_lag = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_whole_layout))
+
+    for t in range(n_tiles):
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
+        # Every warp is past tile t - 1: its slot may take tile t + 1, and dS^T's buffer is free.
+        if PREFETCH:
+            async_copy.wait_group(0)      # this tile's LSE and delta (this thread's copies) have landed
+        gl.thread_barrier()
+        if LOADS:
+            if t + 1 < n_tiles:
+                h_next, m_next = _tile_head_and_rows(t + 1, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
+                _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_next, m_next, t + 1)
+                if PREFETCH:
+                    _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_next).to(gl.int64) * S_q, m_next, S_q,
+                                   (t + 1) % STAGES, NUM_WARPS)
+        slot = t % STAGES
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+        q = q_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do = do_smem.index(slot).reshape([BLOCK_M, HEAD_DIM])
+
+        # (the accumulators' zeros are made where they are used: held across the loop they took registers)
+        st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+        st = warpgroup_mma(k, q.permute((1, 0)), st_zero, use_acc=False, is_async=True)       # S^T = K Q^T
+        dpt = warpgroup_mma(v, do.permute((1, 0)), st_zero, use_acc=False, is_async=True)     # dP^T = V dO^T
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=query_cols)
+        row_ok = offs_m < S_q
+        row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
+        if PREFETCH:    # (rows past S_q were not copied: masked here)
+            lse2 = gl.where(row_ok, rows_smem.index(slot).load(query_cols), 0.0) * 1.4426950408889634
+            delta = gl.where(row_ok, rows_smem.index(STAGES + slot).load(query_cols), 0.0)
+        else:
+            lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634   # log2 e
+            delta = gl.load(DELTA + row + offs_m, mask=row_ok, other=0.0)
+        if DQ_LAG:      # tile t - 1's dQ product ran ahead of S^T and dP^T. (Waiting for all three:
+            # ptxas serialises every wgmma if the loop's carried accumulator is read behind a partial wait.)
+            dq_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dq_lag, ))
+        st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
+        visible = row_ok[None, :] & key_ok[:, None]
+        if CAUSAL:
+            visible = visible & (offs_n[:, None] <= offs_m[None, :])
+        pt = gl.where(visible, gl.exp2(st * qk_scale - lse2[None, :]), 0.0)
+        pt_op = gl.convert_layout(pt.to(dtype), op_layout)
+        dv = warpgroup_mma(pt_op, do, dv, is_async=True)                                     # dV += P^T dO
+        if DQ_LAG:      # tile t - 1's dQ goes out while the dV product runs
+            if t > 0:
+                h_prev, m_prev = _tile_head_and_rows(t - 1, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M)
+                _add_dq(dq_prev, DQ_ACC, (b * H + h_prev).to(gl.int64) * S_q, m_prev, S_q, scale, 0, HEAD_DIM, DQ)
+        dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
+        ds = (pt * (dpt - delta[None, :])).to(dtype)                                         # dS^T
+        ds_buf = 0
+        if DQ_LAG:
+            ds_buf = t % 2
+        if DQ > 0:
+            ds_smem.index(ds_buf).store(ds)
+        dv, pt_op = warpgroup_mma_wait(num_outstanding=0, deps=(dv, pt_op))   # P^T's registers free again
+        ds_op = gl.convert_layout(ds, op_layout)
+        dk = warpgroup_mma(ds_op, q, dk, is_async=True)                                      # dK += dS^T Q
+        if DQ > 0:
+            fence_async_shared()
+            gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
+        dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
+        if not LOADS:
+            mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
+        if DQ_LAG:      # dQ = dS K, left running (waited for in the next iteration, or after the loop)
+            dq_lag = warpgroup_mma(ds_smem.index(ds_buf).permute((1, 0)), k, dq_lag, use_acc=False, is_async=True)
+        elif DQ > 0:    # dQ = dS K in column halves: half the accumulator in registers at a time
+            for half in gl.static_range(2):
+                dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
+                dq = warpgroup_mma(ds_smem.index(0).permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
+                                   dq_zero, use_acc=False, is_async=True)
+                dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
+                _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, half * (HEAD_DIM // 2), HEAD_DIM, DQ)
+    if DQ_LAG:
+        if n_tiles > 0:
+            dq_last = warpgroup_mma_wait(num_outstanding=0, deps=(dq_lag, ))
+            h_last, m_last = _tile_head_and_rows(n_tiles - 1, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M)
+            _add_dq(dq_last, DQ_ACC, (b * H + h_last).to(gl.int64) * S_q, m_last, S_q, scale, 0, HEAD_DIM, DQ)
+
+    # dK = scale * sum dS^T Q; both stored where the keys exist.
+    offs_nk = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    keep = (offs_nk < S_k)[:, None]
+    dk_ptrs = DK + b.to(gl.int64) * stride_dk_b + h_kv.to(gl.int64) * stride_dk_h + offs_nk[:, None] * stride_dk_s
+    dv_ptrs = DV + b.to(gl.int64) * stride_dv_b + h_kv.to(gl.int64) * stride_dv_h + offs_nk[:, None] * stride_dv_s
+    gl.store(dk_ptrs + offs_d[None, :], (dk * scale).to(dtype), mask=keep)
+    gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=keep)
+
+
+# A partition's function gets the partition's arguments only, so each role is a function of its own with
+# its switches written in: (CAUSAL, NUM_WARPS, LOADS).
+@gluon.jit
+def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                     stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                     k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+                     b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
+    _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, False, False)
+
+
+@gluon.jit
+def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                   k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
+    _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, False, False)
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
+def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                      H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
+                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                      HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr,
+                      WARP_SPECIALIZE: gl.constexpr, PRODUCER_REGS: gl.constexpr, DQ: gl.constexpr,
+                      PREFETCH: gl.constexpr, DQ_LAG: gl.constexpr):
+    dtype: gl.constexpr = q_desc.dtype
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)             # (batch, K/V head)
+    H_kv = H // GROUP_SIZE
+    b = pid_bh // H_kv
+    h_kv = pid_bh % H_kv
+    start_n = pid_n * BLOCK_N
+
+    k_smem = gl.allocate_shared_memory(dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, v_desc.block_type.shape, v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)   # two for DQ_LAG
+    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], rows_layout)   # LSE, delta (PREFETCH)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    # Causal: key j is seen by rows i >= j only, so the walk starts at the query tile holding row
+    # start_n (BLOCK_N is a multiple of BLOCK_M).
+    m_start = 0
+    if CAUSAL:
+        m_start = (start_n // BLOCK_M) * BLOCK_M
+    n_m = gl.maximum((S_q - m_start + BLOCK_M - 1) // BLOCK_M, 0)
+    n_tiles = n_m * GROUP_SIZE
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0], kv_bar, v_smem)
+
+    consumer_args = (q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                     stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                     k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+                     b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale)
+    producer_args = (q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles)
+    if WARP_SPECIALIZE:
+        if CAUSAL:
+            gl.warp_specialize([(_consumer_causal, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
+        else:
+            gl.warp_specialize([(_consumer_full, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
+    else:
+        _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+                  stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
+                  k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
+                  b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
+                  CAUSAL, NUM_WARPS, True, DQ, PREFETCH, DQ_LAG)
+
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+# --------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------
+def block_shapes(head_dim: int) -> dict:
+    BLOCK_M, BLOCK_N, _ = TILES[head_dim]
+    return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
+
+
+def make_descriptor(t: torch.Tensor, block_shape: list):
+    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gluon_dtype(t.dtype))
+    return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
+
+
+def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: str | None = None,
+                dq_mode: str = "atomics"):
+    """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed. ``variant``
+    None: ``BEST`` at this head dim. ``dq_mode`` other than "atomics" gives a wrong dQ: it is for
+    measuring (``DQ_MODES``)."""
+    variant = variant or BEST[q.shape[-1]]
+    if dq_mode != "atomics" and (VARIANTS[variant][0] or VARIANTS[variant][2]):
+        raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' and 'prefetch' variants, not {variant!r}")
+    from .. import runtime
+
+    B, H, S_q, D = q.shape
+    H_kv, S_k = k.shape[1], k.shape[2]
+    BLOCK_M, BLOCK_N, STAGES = TILES[D]
+    warp_specialize, prefetch, dq_lag = VARIANTS[variant]
+    dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
+    dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
+    dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
+    shapes = block_shapes(D)
+    descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
+             make_descriptor(do, shapes["q"]))
+    grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
+    args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
+    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
+                   NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
+                   DQ=DQ_MODES[dq_mode], PREFETCH=prefetch, DQ_LAG=dq_lag, num_warps=NUM_WARPS)
+    return grid, args, options, dq_acc, dk, dv
+
+
+def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str | None = None,
+           dq_mode: str = "atomics"):
+    """dQ, dK, dV as the ``tl`` fast backward returns them (inputs checked by the caller: the
+    forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""
+    from ..fast.backward import backward_delta
+
+    if layout_problem(do, "dO"):          # the copy engine's rules (a stride-0 dO from .sum(), ...)
+        do = do.contiguous()
+    delta = backward_delta(o, do)
+    grid, args, options, dq_acc, dk, dv = launch_args(q, k, v, do, lse.contiguous(), delta.contiguous(),
+                                                      causal, scale, variant, dq_mode)
+    hopper_bwd_kernel[grid](*args, **options)
+    return dq_acc.to(q.dtype), dk, dv

@@ -1,0 +1,55 @@
+"""The Gluon backward (flashattn.hopper.backward, work in progress) on a Hopper GPU: dQ, dK, dV
+against the float64 reference per head, allowed twice SDPA's own error on the same inputs (at most
+the dtype's tolerance). Skips wherever ``flashattn.hopper.available()`` is false."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flashattn import hopper
+
+from conftest import HEAD_NORM_FLOOR, TOL, per_head_error, rand, reference
+
+_OK, _WHY = hopper.availability()
+pytestmark = pytest.mark.skipif(not _OK, reason=f"the Gluon kernels do not run here: {_WHY}")
+
+#: (B, H, H_kv, S_q, S_k): odd lengths, S_q != S_k, GQA 1, 2 and 4
+SHAPES = [(1, 2, 2, 1, 1), (2, 4, 2, 65, 65), (1, 8, 2, 127, 300), (2, 2, 2, 1000, 1000), (1, 4, 1, 517, 333),
+          (1, 2, 2, 2048, 2048), (2, 16, 4, 4096, 4096)]
+
+
+VARIANTS = ["inline", "ws", "prefetch", "prefetch_lag"]     # backward.VARIANTS (checked below)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128], ids=lambda d: f"D{d}")
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}H{}/{}Sq{}Sk{}".format(*s))
+def test_gradients_match_the_reference(shape, variant, D, causal, dtype):
+    from flashattn.hopper import backward as bwd
+
+    B, H, H_kv, S_q, S_k = shape
+    q, k, v, do = rand(B, H, S_q, D, dtype=dtype), rand(B, H_kv, S_k, D, dtype=dtype), \
+        rand(B, H_kv, S_k, D, dtype=dtype), rand(B, H, S_q, D, dtype=dtype)
+    scale = D ** -0.5
+    o, lse = hopper.attention_forward(q, k, v, causal, scale)
+    dq, dk, dv = bwd.launch(q, k, v, o, do, lse, causal, scale, variant=variant)
+    again = bwd.launch(q, k, v, o, do, lse, causal, scale, variant=variant)     # dK, dV take no atomics: bit for bit
+    assert torch.equal(dk, again[1]) and torch.equal(dv, again[2]), "dK / dV differ between two runs (a race?)"
+    ref = reference(q, k, v, do, causal=causal, scale=scale)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    rep = H // H_kv
+    sdpa = F.scaled_dot_product_attention(leaves[0], leaves[1].repeat_interleave(rep, 1),
+                                          leaves[2].repeat_interleave(rep, 1), is_causal=causal, scale=scale)
+    sdpa.backward(do)
+    for name, got, theirs in zip(("dQ", "dK", "dV"), (dq, dk, dv), (t.grad for t in leaves)):
+        assert torch.isfinite(got).all(), f"{name}: {int((~torch.isfinite(got)).sum())} NaN/inf"
+        err, floor = (per_head_error(x, ref[name], HEAD_NORM_FLOOR) for x in (got, theirs))
+        allowed = torch.maximum(2.0 * floor, torch.full_like(floor, 0.2 * TOL[dtype])).clamp_max(TOL[dtype])
+        assert (err <= allowed).all(), f"{name}: ours\n{err}\nSDPA's\n{floor}"
+
+
+def test_variant_list_is_every_variant():
+    from flashattn.hopper import backward as bwd
+
+    assert VARIANTS == list(bwd.VARIANTS) and set(bwd.BEST.values()) <= set(VARIANTS)
