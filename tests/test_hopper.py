@@ -149,6 +149,20 @@ def test_the_kernels_compile_for_sm90_without_a_gpu():
     assert spills == "0/0", rows[0]
 
 
+def test_the_backward_compiles_for_sm90_without_a_gpu():
+    """The Gluon backward's fastest variant at each head dim (``backward.BEST``) compiles for sm_90
+    without a spill, under the Triton it was written for. Elsewhere there is nothing to compile."""
+    if not gluon_api.ok():
+        pytest.skip(f"Gluon API: {gluon_api.ERROR}")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
+    for D, variant in ((64, "prefetch_lag"), (128, "prefetch")):
+        out = subprocess.run([sys.executable, "-m", "flashattn.hopper.offline", "--backward", "--only", "bf16",
+                              f"D{D}", "full", variant], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = [line for line in out.stdout.splitlines() if line.startswith(f"bwd bf16 D{D} full {variant} ")]
+        assert len(rows) == 1 and "spill 0/0" in rows[0], out.stdout
+
+
 def test_flashattn_imports_where_triton_has_no_gluon():
     """The Gluon kernels' module is imported only where Gluon is the API it was written for: a
     Triton without ``triton.experimental.gluon`` still imports flashattn and its fast path."""

@@ -3,7 +3,7 @@ that computes dK and dV in registers and adds its share of dQ into an fp32 buffe
 
 Measured, not dispatched: the fast path's backward stays the ``tl`` kernels, which are faster. On an
 H200 (2026-11-29, ``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the
-best variant reaches 0.80-0.98x the ``tl`` fast backward and 0.66-0.73x cuDNN's. Correct there:
+best variant reaches 0.80-0.96x the ``tl`` fast backward and 0.67-0.73x cuDNN's. Correct there:
 ``tests/test_hopper_backward_gpu.py`` (every variant, per-head errors against float64 and SDPA,
 dK and dV bit for bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
 
@@ -26,7 +26,7 @@ column halves, so that half its accumulator is in registers at a time: offline f
 spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200 said to add:
 
 - ``PREFETCH`` ("prefetch"): each tile's LSE and delta come by cp.async one tile ahead into shared
-  memory, instead of global loads waited for in the tile: +15-26% at D 128, +23-46% at D 64.
+  memory, instead of global loads waited for in the tile: +15-29% at D 128, +23-46% at D 64.
 - ``DQ_LAG`` ("prefetch_lag", D 64): each tile's whole dQ product is left running behind the next
   tile's S^T and dP^T, and added under the next tile's dV product: +0-4% more at D 64. At D 128 its
   carried accumulator spills (224-292 bytes), and it is slower.

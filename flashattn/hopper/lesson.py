@@ -1,5 +1,5 @@
 """What lesson 12 (``notebooks/12_hopper_gluon.ipynb``) computes and draws, on any machine: the
-committed H200 measurements of the Gluon forward's variants, a model of the mbarrier ring the
+committed H200 measurements of the Gluon forward's and backward's variants, a model of the mbarrier ring the
 kernels use (the same slot and parity formulas, run by a random scheduler), and a schematic of the
 three schedules. Plain Python, torch and matplotlib: no Gluon, no GPU.
 """
@@ -12,6 +12,10 @@ from typing import Callable, Optional
 
 #: the committed benchmark of the forward's variants (``python -m flashattn.hopper.bench``)
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "gluon_forward_h200.json"
+#: the committed benchmark of the backward's variants and its dQ ablation (``python -m flashattn.hopper.bench_backward``)
+BACKWARD_RESULTS = RESULTS.parent / "gluon_backward_h200.json"
+#: the backward's providers, in the lesson's order: three Gluon variants, then the tl backward and cuDNN's
+BACKWARD_PROVIDERS = ("inline", "prefetch", "prefetch_lag", "tl", "cudnn")
 #: providers in the order the lesson names them: the tl kernel, the Gluon variants, the references
 PROVIDERS = ("tl-fast", "gluon-inline", "gluon-ws", "gluon-ws2", "gluon-pingpong", "sdpa-cudnn", "sdpa-flash")
 
@@ -50,6 +54,33 @@ def plot_forward_ratios(rows: list, providers=PROVIDERS[:5] + ("sdpa-flash",), o
     ax.set_ylabel(f"TFLOP/s over {over}'s")
     ax.set_ylim(0.4, 1.25)
     ax.legend(ncol=len(providers) + 1, fontsize=8, loc="upper left")
+    ax.grid(axis="y", alpha=0.3)
+    return ax
+
+
+def backward_results(path: Path = BACKWARD_RESULTS) -> dict:
+    """The committed backward run: ``env``, ``variants`` (one row per shape, TFLOP/s per provider in
+    ``tflops``) and ``ablation`` (what dQ costs the inline variant)."""
+    return json.loads(Path(path).read_text())
+
+
+def plot_backward(rows: list, providers=BACKWARD_PROVIDERS, ax=None):
+    """Grouped bars: each provider's backward TFLOP/s per shape (the Gluon variants in blues, the
+    ``tl`` backward grey, cuDNN's orange)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(13, 4.2))
+    width = 0.8 / len(providers)
+    colors = {"inline": "#c6dbef", "prefetch": "#6baed6", "prefetch_lag": "#08306b", "tl": "#777777",
+              "cudnn": "#fd8d3c"}
+    for i, p in enumerate(providers):
+        ax.bar([x + (i - len(providers) / 2 + 0.5) * width for x in range(len(rows))], [r["tflops"][p] for r in rows],
+               width, label=p, color=colors.get(p), edgecolor="white", linewidth=0.3)
+    ax.set_xticks(range(len(rows)), [shape_name(r).replace(" ", "\n") for r in rows], fontsize=8)
+    ax.set_ylabel("backward TFLOP/s")
+    ax.legend(ncol=len(providers), fontsize=8, loc="upper left")
+    ax.set_ylim(0, 1.2 * max(r["tflops"][p] for r in rows for p in providers))
     ax.grid(axis="y", alpha=0.3)
     return ax
 
