@@ -1,4 +1,4 @@
-"""The Gluon backward (flashattn.hopper.backward, work in progress) on a Hopper GPU: dQ, dK, dV
+"""The Gluon backward (flashattn.hopper.backward: measured, not dispatched) on a Hopper GPU: dQ, dK, dV
 against the float64 reference per head, allowed twice SDPA's own error on the same inputs (at most
 the dtype's tolerance). Skips wherever ``flashattn.hopper.available()`` is false."""
 import pytest
@@ -52,4 +52,20 @@ def test_gradients_match_the_reference(shape, variant, D, causal, dtype):
 def test_variant_list_is_every_variant():
     from flashattn.hopper import backward as bwd
 
+    from flashattn.hopper import lesson
+
     assert VARIANTS == list(bwd.VARIANTS) and set(bwd.BEST.values()) <= set(VARIANTS)
+    assert lesson.BACKWARD_BEST == bwd.BEST, "lesson 12 names another best variant than the kernel's module"
+
+
+def test_bad_arguments_are_refused_with_the_choices():
+    from flashattn.hopper import backward as bwd
+
+    q = rand(1, 2, 64, 64, dtype=torch.bfloat16)
+    o, lse = hopper.attention_forward(q, q, q, False, 0.125)
+    with pytest.raises(ValueError, match="the variants are inline, ws"):
+        bwd.launch(q, q, q, o, q, lse, False, 0.125, variant="pair")
+    with pytest.raises(ValueError, match="the modes are"):
+        bwd.launch(q, q, q, o, q, lse, False, 0.125, dq_mode="red")
+    with pytest.raises(ValueError, match="measured with the 'inline' and 'prefetch' variants"):
+        bwd.launch(q, q, q, o, q, lse, False, 0.125, variant="ws", dq_mode="none")

@@ -137,6 +137,8 @@ def test_non_reentrant_checkpointing_works_while_the_cpp_node_is_ready(monkeypat
     from flashattn import api
 
     monkeypatch.setattr(native, "_module", _NoPlans())       # "built": the backward offers its plans
+    monkeypatch.setattr(native, "_settings", native._settings)     # (what _active and offer set: put back after)
+    monkeypatch.setattr(native, "_refused", native._refused)
     q, k, v = (torch.randn(1, 2, 24, 16, device=flashattn.default_device(), requires_grad=True) for _ in range(3))
     plain = torch.autograd.grad(api.flash_attention(q, k, v, causal=True, impl="fast").sum(), (q, k, v))
     out = checkpoint(lambda a, b, c: api.flash_attention(a, b, c, causal=True, impl="fast"), q, k, v,

@@ -8,7 +8,7 @@ best variant reaches 0.80-0.96x the ``tl`` fast backward and 0.67-0.73x cuDNN's.
 dK and dV bit for bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
 
 Same math as ``flashattn/backward.py``'s dK/dV kernel, turned round as FlashAttention-3 does it: a
-program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product) and walks
+program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product but dQ's) and walks
 the query tiles (BLOCK_M = 64 rows, the N side), for each query head of its GQA group:
 
     S^T  = K Q^T                    [BLOCK_N, BLOCK_M]   (wgmma: K and Q from shared memory)
@@ -29,7 +29,7 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   memory, instead of global loads waited for in the tile: +15-29% at D 128, +23-46% at D 64.
 - ``DQ_LAG`` ("prefetch_lag", D 64): each tile's whole dQ product is left running behind the next
   tile's S^T and dP^T, and added under the next tile's dV product: +0-4% more at D 64. At D 128 its
-  carried accumulator spills (224-292 bytes), and it is slower.
+  carried accumulator spills (232-292 bytes), and it is slower.
 
 delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
 its fp32 buffer after it.
@@ -197,7 +197,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         row_ok = offs_m < S_q
         row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
         if PREFETCH:    # (rows past S_q were not copied: masked here)
-            lse2 = gl.where(row_ok, rows_smem.index(slot).load(query_cols), 0.0) * 1.4426950408889634
+            lse2 = gl.where(row_ok, rows_smem.index(slot).load(query_cols), 0.0) * 1.4426950408889634   # log2 e
             delta = gl.where(row_ok, rows_smem.index(STAGES + slot).load(query_cols), 0.0)
         else:
             lse2 = gl.load(LSE + row + offs_m, mask=row_ok, other=0.0) * 1.4426950408889634   # log2 e
@@ -258,7 +258,8 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
 
 
 # A partition's function gets the partition's arguments only, so each role is a function of its own with
-# its switches written in: (CAUSAL, NUM_WARPS, LOADS).
+# its switches written in: (CAUSAL, NUM_WARPS, LOADS, DQ, PREFETCH, DQ_LAG). The "ws" variant has no
+# other switches (``launch_args`` refuses them); 8 is NUM_WARPS (a kernel reads no Python globals).
 @gluon.jit
 def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
@@ -366,7 +367,14 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     """(grid, arguments, options, dq_acc, dk, dv) of one launch; dQ's fp32 buffer zeroed. ``variant``
     None: ``BEST`` at this head dim. ``dq_mode`` other than "atomics" gives a wrong dQ: it is for
     measuring (``DQ_MODES``)."""
-    variant = variant or BEST[q.shape[-1]]
+    D = q.shape[-1]
+    if D not in TILES:
+        raise ValueError(f"the Gluon backward is written for head dims {sorted(TILES)}, not {D}")
+    variant = variant or BEST[D]
+    if variant not in VARIANTS:
+        raise ValueError(f"no backward variant {variant!r}: the variants are {', '.join(VARIANTS)}")
+    if dq_mode not in DQ_MODES:
+        raise ValueError(f"dq_mode={dq_mode!r}: the modes are {', '.join(DQ_MODES)}")
     if dq_mode != "atomics" and (VARIANTS[variant][0] or VARIANTS[variant][2]):
         raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' and 'prefetch' variants, not {variant!r}")
     from .. import runtime
@@ -375,6 +383,8 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     H_kv, S_k = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N, STAGES = TILES[D]
     warp_specialize, prefetch, dq_lag = VARIANTS[variant]
+    if warp_specialize and (prefetch or dq_lag):     # (its consumers' switches are written in: _consumer_full)
+        raise ValueError(f"variant {variant!r}: the warp-specialized consumers take no PREFETCH or DQ_LAG")
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)

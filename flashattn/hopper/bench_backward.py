@@ -90,6 +90,9 @@ def ncu_launches() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--bf16":      # --bf16 [variant ...]
+        unknown = [v for v in sys.argv[2:] if v not in bwd.VARIANTS]
+        if unknown:
+            sys.exit(f"no backward variant {', '.join(unknown)}: the variants are {', '.join(bwd.VARIANTS)}")
         main((torch.bfloat16, ), tuple(sys.argv[2:]))
     else:
         {"--ablation": lambda: ablation(*sys.argv[2:3]), "--ncu": ncu_launches}.get(

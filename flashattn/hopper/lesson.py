@@ -14,6 +14,8 @@ from typing import Callable, Optional
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "gluon_forward_h200.json"
 #: the committed benchmark of the backward's variants and its dQ ablation (``python -m flashattn.hopper.bench_backward``)
 BACKWARD_RESULTS = RESULTS.parent / "gluon_backward_h200.json"
+#: the fastest Gluon backward variant at each head dim (``flashattn.hopper.backward.BEST``; a GPU test compares them)
+BACKWARD_BEST = {64: "prefetch_lag", 128: "prefetch"}
 #: the backward's providers, in the lesson's order: three Gluon variants, then the tl backward and cuDNN's
 BACKWARD_PROVIDERS = ("inline", "prefetch", "prefetch_lag", "tl", "cudnn")
 #: providers in the order the lesson names them: the tl kernel, the Gluon variants, the references

@@ -8,6 +8,8 @@ whether ptxas serialised any wgmma (its "Potential Performance Loss" warning). N
 compilation is the front end, LLVM and ptxas. On a machine without a GPU run it as
 ``TRITON_INTERPRET=0 python -m flashattn.hopper.offline``: there ``import flashattn`` switches Triton's
 interpreter on, and a kernel made under it cannot be compiled (its ``gl.max`` is an interpreted function).
+``--backward`` compiles the fused backward's variants instead (``backward.VARIANTS``), ``--only``
+picks variants by the words of their names (``--only bf16 D64 full``).
 """
 from __future__ import annotations
 
