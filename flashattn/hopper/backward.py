@@ -231,6 +231,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
             gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
         if not LOADS:
+            gl.thread_barrier()       # (ws: both warpgroups' products are done, not only the arriving thread's)
             mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
         if DQ_LAG:      # dQ = dS K, left running (waited for in the next iteration, or after the loop)
             dq_lag = warpgroup_mma(ds_smem.index(ds_buf).permute((1, 0)), k, dq_lag, use_acc=False, is_async=True)
