@@ -135,6 +135,21 @@ def ptxas_report(ptx: str) -> dict:
                 warnings=[line.strip() for line in text.splitlines() if "warning" in line.lower()])
 
 
+def _compiled(cases, compile_one, only: list, prefix: str, clip):
+    """(name, compiled kernel) for each (dtype, D, causal, variant) whose name holds every word of
+    ``only``; a variant that fails to compile is reported (its error clipped by ``clip``) and skipped."""
+    for dtype, D, causal, variant in cases:
+        name = f"{prefix}{dtype} D{D} {'causal' if causal else 'full'} {variant}"
+        if not all(word in name.split() for word in only):
+            continue
+        try:
+            kernel = compile_one(dtype, D, causal, variant)
+        except Exception as exc:   # noqa: BLE001 -- report every variant
+            print(f"{name:34} FAILED: {type(exc).__name__}: {clip(str(exc))}")
+            continue
+        yield name, kernel
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dump", help="folder to write each variant's TTGIR and PTX into")
@@ -151,16 +166,8 @@ def main(argv=None) -> None:
                      "flashattn.hopper.offline")
     if args.backward:
         from . import backward as bwd
-        for dtype, D, causal, variant in itertools.product(("fp16", "bf16"), (64, 128), (False, True),
-                                                           tuple(bwd.VARIANTS)):
-            name = f"bwd {dtype} D{D} {'causal' if causal else 'full'} {variant}"
-            if not all(word in name.split() for word in args.only):
-                continue
-            try:
-                k = compile_backward(dtype, D, causal, variant)
-            except Exception as exc:   # noqa: BLE001 -- report every variant
-                print(f"{name:34} FAILED: {type(exc).__name__}: {str(exc)[:1500]}")
-                continue
+        cases = itertools.product(("fp16", "bf16"), (64, 128), (False, True), tuple(bwd.VARIANTS))
+        for name, k in _compiled(cases, compile_backward, args.only, "bwd ", lambda text: text[:1500]):
             rep = ptxas_report(k.asm["ptx"])
             print(f"{name:34} regs {rep['registers']} spill {rep['spill_stores']}/{rep['spill_loads']} "
                   f"smem {k.metadata.shared / 1024:.1f} KB wgmma serialized {rep['wgmma_serialized']}")
@@ -173,15 +180,7 @@ def main(argv=None) -> None:
               f"{k.metadata.num_warps} warps, {k.metadata.shared / 1024:.1f} KB shared")
     print(f"{'variant':34} {'regs':>4} {'spill st/ld':>11} {'stack':>5} {'smem KB':>7} {'setmaxnreg':>10} "
           f"{'wgmma':>5} serialized")
-    for dtype, D, causal, variant in VARIANTS:
-        name = f"{dtype} D{D} {'causal' if causal else 'full'} {variant}"
-        if not all(word in name.split() for word in args.only):
-            continue
-        try:
-            k = compile_variant(dtype, D, causal, variant)
-        except Exception as exc:   # noqa: BLE001 -- report every variant
-            print(f"{name:34} FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
-            continue
+    for name, k in _compiled(VARIANTS, compile_variant, args.only, "", lambda text: text.splitlines()[0][:200]):
         ptx = k.asm["ptx"]
         rep = ptxas_report(ptx)
         setmax = sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)", ptx)))
