@@ -16,7 +16,7 @@ from flashattn.fuzz import FAMILIES, check_problem, draw, make_inputs, one_line,
 from flashattn.fuzz.__main__ import main
 from flashattn.fuzz.problems import DO_LAYOUTS
 
-from conftest import ON_GPU
+from conftest import DEVICE, ON_GPU
 
 #: problems per CI run: every family a few times (about a minute on two CPU cores). On a GPU a
 #: problem costs seconds (about 8 s of a worker on an H200, seed 3), so four worker processes share
@@ -368,7 +368,7 @@ def test_an_fp16_row_near_zero_is_judged_with_its_subnormal_rounding():
 
     p = draw(12, 586, on_gpu=True)
     assert (p.family, p.dtype, p.dropout_p) == ("dropout", "float16", 0.6)
-    outcome = RUNNERS[p.family](p, make_inputs(p, torch.device("cpu")))
+    outcome = RUNNERS[p.family](p, make_inputs(p, DEVICE))     # (the kernels' device: compiled ones take no CPU tensors)
     assert judge(p, outcome) == []
     assert 2e-7 < output_rounding_floor(outcome.got["dQ"]) < 3e-7          # 0.5 * 2^-24 * sqrt(64)
     got = dict(outcome.got, dQ=outcome.got["dQ"].clone())
@@ -402,7 +402,7 @@ def test_seed_7_problem_99_is_judged_with_dp_rounding():
     from flashattn.fuzz.families import PRODUCT_UNIT, ROUNDING_UNITS, RUNNERS
 
     p = draw(7, 99, on_gpu=True)
-    outcome = RUNNERS[p.family](p, make_inputs(p, torch.device("cpu")))
+    outcome = RUNNERS[p.family](p, make_inputs(p, DEVICE))     # (the kernels' device: compiled ones take no CPU tensors)
     got = {n: r.clone() for n, r in outcome.ref.items()}
     for name, err in (("dQ", 3.98e-7), ("dK", 2.92e-7)):
         got[name][0, 1, 1, 0] += err
@@ -427,12 +427,15 @@ def test_a_failure_names_its_source_without_the_machines_paths():
 def test_a_foreign_error_names_the_kernel_and_the_flashattn_call(monkeypatch):
     """Triton's launcher raised twice in ~5,800 GPU problems with another kernel's arity; the
     failure line then names the kernel being launched and the flashattn call that launched it."""
-    from triton.runtime.interpreter import InterpretedFunction
+    if runtime.INTERPRET:       # the launcher that runs here: the interpreter's, or the compiled kernels'
+        from triton.runtime.interpreter import InterpretedFunction as Launcher
+    else:
+        from triton.runtime.jit import JITFunction as Launcher
 
     def refuse(self, *args, **kwargs):
         raise TypeError("function takes exactly 32 arguments (30 given)")
 
-    monkeypatch.setattr(InterpretedFunction, "run", refuse)
+    monkeypatch.setattr(Launcher, "run", refuse)
     p = draw(3, 0, on_gpu=False, families=("lesson",))
     (line,) = check_problem(p)["failures"]
     assert line.startswith("raised TypeError at tests/test_fuzz.py:"), line

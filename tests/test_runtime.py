@@ -9,7 +9,7 @@ import torch
 import flashattn
 from flashattn import runtime
 
-from conftest import ON_GPU
+from conftest import DEVICE, ON_GPU
 
 
 def test_interpreter_matches_device():
@@ -143,13 +143,14 @@ def test_every_lesson_style_launcher_passes_its_head_dim(monkeypatch):
     seen = []
     real = runtime.dot_precision
     monkeypatch.setattr(runtime, "dot_precision", lambda dtype, head_dim=None: seen.append(head_dim) or real(dtype, head_dim))
-    q, k, v = (torch.randn(1, 2, 17, 24, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(1, 2, 17, 24, device=DEVICE, requires_grad=True) for _ in range(3))
     flashattn.flash_attention(q, k, v, causal=True, impl="teaching").sum().backward()
     assert seen == [24] * 3, seen                                       # forward, dQ, dK/dV
     seen.clear()
     beyond.flash_attention(q, k, v, window=(4, 0), impl="teaching").sum().backward()
     assert seen and set(seen) == {24}, seen
     seen.clear()
-    bias, tau = torch.zeros(2, 5, requires_grad=True), torch.zeros(2, requires_grad=True)
+    bias = torch.zeros(2, 5, device=DEVICE, requires_grad=True)
+    tau = torch.zeros(2, device=DEVICE, requires_grad=True)
     lazy.lazy_attention(q, k, v, bias, tau).sum().backward()
     assert len(seen) == 4 and set(seen) == {24}, seen                  # forward, preprocess, dQ, dK/dV
