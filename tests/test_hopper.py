@@ -149,6 +149,26 @@ def test_the_kernels_compile_for_sm90_without_a_gpu():
     assert spills == "0/0", rows[0]
 
 
+def test_lse_and_delta_are_padded_to_whole_tiles_for_the_copy_engine():
+    """The backward's copy-engine variants read LSE and delta as one flat vector in boxes of a tile:
+    each head's rows padded to whole tiles (a box never starts off a tile or crosses into the next
+    head), the values kept, the padding zero; no copy where the rows are whole tiles already."""
+    x = torch.randn(2, 3, 65)
+    flat = host.padded_rows(x, 64)
+    assert flat.shape == (2 * 3 * 128,)
+    rows = flat.view(2, 3, 128)
+    assert torch.equal(rows[..., :65], x) and not rows[..., 65:].any()
+    whole = torch.randn(2, 3, 128)
+    assert host.padded_rows(whole, 64).data_ptr() == whole.data_ptr()         # a view, no copy
+    strided = torch.randn(2, 3, 256)[..., ::2]                                 # not dense: copied
+    assert torch.equal(host.padded_rows(strided, 64).view(2, 3, 128), strided)
+    one = host.padded_rows(torch.ones(1, 2, 1), 64).view(1, 2, 64)
+    assert one[..., 0].eq(1).all() and not one[..., 1:].any()
+    huge = torch.empty(1, 2 ** 16, 2 ** 15 + 1, device="meta")                # 32-bit coordinates overflow
+    with pytest.raises(ValueError, match="32-bit coordinates"):
+        host.padded_rows(huge, 64)
+
+
 def test_the_backward_compiles_for_sm90_without_a_gpu():
     """The Gluon backward's fastest variant at each head dim (``backward.BEST``) compiles for sm_90
     under the Triton it was written for, without a spill when there is no mask (causal, the D 128

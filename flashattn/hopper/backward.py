@@ -30,6 +30,12 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
 - ``DQ_LAG`` ("prefetch_lag", D 64): each tile's whole dQ product is left running behind the next
   tile's S^T and dP^T, and added under the next tile's dV product: +0-4% more at D 64. At D 128 its
   carried accumulator spills (232-292 bytes), and it is slower.
+- ``PREFETCH`` 2 ("tma"): LSE and delta by the copy engine, one box each of a flat vector (each
+  head's rows padded to whole tiles) on the tile's own Q / dO barrier: as fast as "prefetch"
+  (0.97-1.01x). With three slots (``STAGES`` 3, "tma3", "tma3_lag") the tile keeps one CTA barrier
+  of two: 2-6% slower at D 128, where it spills 44-60 bytes; with the lag at D 64, +5-6% on the
+  causal shapes and -1-2% on the others. Their GPU test crashed before the rows were padded, and
+  has not run since: measured at whole-tile shapes, not yet shown correct.
 
 delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
 its fp32 buffer after it.
@@ -40,7 +46,7 @@ import torch
 
 from . import gluon_api
 from .forward import gluon_dtype, triton_cdiv
-from .host import descriptor_strides, layout_problem
+from .host import descriptor_strides, layout_problem, padded_rows
 
 gluon, gl = gluon_api.gluon, gluon_api.gl
 mbarrier, tma = gluon_api.mbarrier, gluon_api.tma
@@ -50,13 +56,16 @@ fence_async_shared = gluon_api.fence_async_shared
 async_copy = gluon_api.async_copy
 
 LOG2E = 1.4426950408889634
-#: (head dim) -> (BLOCK_M query rows, BLOCK_N keys, STAGES of the Q / dO ring)
-TILES = {64: (64, 128, 2), 128: (64, 128, 2)}
+#: (head dim) -> (BLOCK_M query rows, BLOCK_N keys)
+TILES = {64: (64, 128), 128: (64, 128)}
 NUM_WARPS = 8           # two warpgroups: 64 keys each
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
-#: variant -> (WARP_SPECIALIZE, PREFETCH, DQ_LAG); see the module's docstring
-VARIANTS = {"inline": (False, False, False), "ws": (True, False, False), "prefetch": (False, True, False),
-            "prefetch_lag": (False, True, True)}
+#: variant -> (WARP_SPECIALIZE, PREFETCH, DQ_LAG, STAGES of the Q / dO ring); see the module's docstring.
+#: PREFETCH: 0 LSE and delta loaded in the tile, 1 by cp.async a tile ahead, 2 by the copy engine with
+#: the tile's Q and dO. STAGES 3 (with PREFETCH 2 only) lets the tile drop one of its two CTA barriers.
+VARIANTS = {"inline": (False, 0, False, 2), "ws": (True, 0, False, 2), "prefetch": (False, 1, False, 2),
+            "prefetch_lag": (False, 1, True, 2), "tma": (False, 2, False, 2), "tma3": (False, 2, False, 3),
+            "tma3_lag": (False, 2, True, 3)}
 #: the fastest variant at each head dim (results/gluon_backward_h200.txt): what ``launch`` runs unless told
 BEST = {64: "prefetch_lag", 128: "prefetch"}
 #: what the kernel does with dQ (``DQ``), for measuring its cost (variants without DQ_LAG):
@@ -72,6 +81,24 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t):
     mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
     tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+
+
+@gluon.jit
+def _load_q_do_rows(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, b, h, row, start_m, t):
+    """``_load_q_do``, and the tile's LSE and delta on the same barrier (PREFETCH 2): one box each of
+    the flattened [B * H * S_rows] vectors (each head's rows padded to whole tiles, so that every box
+    starts on a tile: the launcher's ``padded_rows``), from this head's first row ``row`` + start_m.
+    One wait then gives every thread all four, with no thread barrier. (Rows past S_q: padding,
+    masked where read.)"""
+    STAGES: gl.constexpr = q_smem.shape[0]
+    slot = t % STAGES
+    mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                    + lse_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [b, h, start_m, 0], ready.index(slot), q_smem.index(slot))
+    tma.async_copy_global_to_shared(do_desc, [b, h, start_m, 0], ready.index(slot), do_smem.index(slot))
+    first = (row + start_m).to(gl.int32)
+    tma.async_copy_global_to_shared(lse_desc, [first], ready.index(slot), rows_smem.index(slot))
+    tma.async_copy_global_to_shared(delta_desc, [first], ready.index(slot), rows_smem.index(STAGES + slot))
 
 
 @gluon.jit
@@ -121,7 +148,7 @@ def _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, col0, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
-def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
               b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
@@ -131,8 +158,10 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
     else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
     measuring what dQ costs (``DQ_MODES``): 2 computes it, 1 stores its tiles without atomics (a
-    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``PREFETCH``: each
-    tile's LSE and delta come by cp.async a tile ahead, into shared memory (with ``LOADS``).
+    wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``PREFETCH`` (with
+    ``LOADS``): each tile's LSE and delta come a tile ahead into shared memory, 1 by cp.async, 2 by
+    the copy engine on the tile's own barrier; with 2 and three slots (``STAGES`` 3) the tile's first
+    CTA barrier goes (see the loop).
     ``DQ_LAG``: tile t's whole dQ product is left running behind tile t + 1's S^T and dP^T and
     added under tile t + 1's dV product (dS^T then needs two buffers: tile t + 1 writes one while
     tile t's product reads the other)."""
@@ -155,11 +184,19 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
     key_rows: gl.constexpr = gl.SliceLayout(1, st_layout)     # a vector along BLOCK_N
     query_cols: gl.constexpr = gl.SliceLayout(0, st_layout)   # a vector along BLOCK_M
 
+    gl.static_assert(PREFETCH == 2 or STAGES == 2, "three slots drop a CTA barrier only where the copy engine brings LSE and delta")
+    gl.static_assert(PREFETCH == 0 or LOADS, "the producer warp brings Q and dO only")
+    S_rows = (S_q + BLOCK_M - 1) // BLOCK_M * BLOCK_M      # PREFETCH 2: a head's rows of LSE and delta, padded
     if LOADS:
         if n_tiles > 0:
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_kv * GROUP_SIZE, m_start, 0)
-            if PREFETCH:
-                _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_kv * GROUP_SIZE).to(gl.int64) * S_q, m_start, S_q,
+            h_first = h_kv * GROUP_SIZE
+            if PREFETCH == 2:
+                _load_q_do_rows(q_desc, do_desc, LSE_DESC, DELTA_DESC, q_smem, do_smem, rows_smem, ready, b, h_first,
+                                (b * H + h_first).to(gl.int64) * S_rows, m_start, 0)
+            else:
+                _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_first, m_start, 0)
+            if PREFETCH == 1:
+                _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_first).to(gl.int64) * S_q, m_start, S_q,
                                0, NUM_WARPS)
     k = k_smem.reshape([BLOCK_N, HEAD_DIM])
     v = v_smem.reshape([BLOCK_N, HEAD_DIM])
@@ -173,15 +210,23 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
 
     for t in range(n_tiles):
         h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
-        # Every warp is past tile t - 1: its slot may take tile t + 1, and dS^T's buffer is free.
-        if PREFETCH:
+        # Two slots: every warp must be past tile t - 1 before its slot takes tile t + 1 (and dS^T's
+        # buffer is reused). Three (STAGES 3, LSE and delta by the copy engine): tile t + 1 goes to
+        # tile t - 2's slot and dS^T alternates between two buffers, and every warp left tile t - 2
+        # before the other warpgroup passed tile t - 1's barrier below, so this one is not needed.
+        if PREFETCH == 1:
             async_copy.wait_group(0)      # this tile's LSE and delta (this thread's copies) have landed
-        gl.thread_barrier()
+        if STAGES == 2:
+            gl.thread_barrier()
         if LOADS:
             if t + 1 < n_tiles:
                 h_next, m_next = _tile_head_and_rows(t + 1, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
-                _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_next, m_next, t + 1)
-                if PREFETCH:
+                if PREFETCH == 2:
+                    _load_q_do_rows(q_desc, do_desc, LSE_DESC, DELTA_DESC, q_smem, do_smem, rows_smem, ready, b,
+                                    h_next, (b * H + h_next).to(gl.int64) * S_rows, m_next, t + 1)
+                else:
+                    _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h_next, m_next, t + 1)
+                if PREFETCH == 1:
                     _prefetch_rows(LSE, DELTA, rows_smem, (b * H + h_next).to(gl.int64) * S_q, m_next, S_q,
                                    (t + 1) % STAGES, NUM_WARPS)
         slot = t % STAGES
@@ -196,7 +241,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         offs_m = start_m + gl.arange(0, BLOCK_M, layout=query_cols)
         row_ok = offs_m < S_q
         row = (b * H + h).to(gl.int64) * S_q          # this head's rows of LSE and delta
-        if PREFETCH:    # (rows past S_q were not copied: masked here)
+        if PREFETCH > 0:    # (rows past S_q: not copied by cp.async, or the copy engine's padding; masked here)
             lse2 = gl.where(row_ok, rows_smem.index(slot).load(query_cols), 0.0) * 1.4426950408889634   # log2 e
             delta = gl.where(row_ok, rows_smem.index(STAGES + slot).load(query_cols), 0.0)
         else:
@@ -219,7 +264,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         dpt = warpgroup_mma_wait(num_outstanding=1, deps=(dpt, ))
         ds = (pt * (dpt - delta[None, :])).to(dtype)                                         # dS^T
         ds_buf = 0
-        if DQ_LAG:
+        if DQ_LAG or STAGES > 2:      # two buffers: tile t writes one while tile t - 1's dQ product may read the other
             ds_buf = t % 2
         if DQ > 0:
             ds_smem.index(ds_buf).store(ds)
@@ -238,7 +283,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
         elif DQ > 0:    # dQ = dS K in column halves: half the accumulator in registers at a time
             for half in gl.static_range(2):
                 dq_zero = gl.zeros([BLOCK_M, HEAD_DIM // 2], gl.float32, layout=dq_layout)
-                dq = warpgroup_mma(ds_smem.index(0).permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
+                dq = warpgroup_mma(ds_smem.index(ds_buf).permute((1, 0)), k.slice(half * (HEAD_DIM // 2), HEAD_DIM // 2, dim=1),
                                    dq_zero, use_acc=False, is_async=True)
                 dq = warpgroup_mma_wait(num_outstanding=0, deps=(dq, ))
                 _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, half * (HEAD_DIM // 2), HEAD_DIM, DQ)
@@ -262,29 +307,29 @@ def _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
 # its switches written in: (CAUSAL, NUM_WARPS, LOADS, DQ, PREFETCH, DQ_LAG). The "ws" variant has no
 # other switches (``launch_args`` refuses them); 8 is NUM_WARPS (a kernel reads no Python globals).
 @gluon.jit
-def _consumer_causal(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+def _consumer_causal(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                      k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                      b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
-    _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+    _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, False, False)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, 0, False)
 
 
 @gluon.jit
-def _consumer_full(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+def _consumer_full(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
                    stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                    k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                    b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
-    _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+    _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, False, False)
+              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, 0, False)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
-def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
                       stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                       H, GROUP_SIZE, S_q, S_k, scale, qk_scale,
                       CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -305,8 +350,11 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     do_smem = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_N, BLOCK_M], ds_layout)   # two for DQ_LAG
-    rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-    rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], rows_layout)   # LSE, delta (PREFETCH)
+    if PREFETCH == 2:       # LSE's slots, then delta's: the copy engine's boxes
+        rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], LSE_DESC.layout)
+    else:                   # (PREFETCH 1 by cp.async; 0 leaves it unused)
+        rows_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        rows_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], rows_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -327,7 +375,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
     tma.async_copy_global_to_shared(k_desc, [b, h_kv, start_n, 0], kv_bar, k_smem)
     tma.async_copy_global_to_shared(v_desc, [b, h_kv, start_n, 0], kv_bar, v_smem)
 
-    consumer_args = (q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+    consumer_args = (q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                      k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                      b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale)
@@ -338,7 +386,7 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
         else:
             gl.warp_specialize([(_consumer_full, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
     else:
-        _consumer(q_desc, do_desc, LSE, DELTA, DQ_ACC, DK, DV,
+        _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                   k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale,
@@ -354,12 +402,12 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ_ACC, DK, D
 # host side
 # --------------------------------------------------------------------------------------
 def block_shapes(head_dim: int) -> dict:
-    BLOCK_M, BLOCK_N, _ = TILES[head_dim]
-    return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim]}
+    BLOCK_M, BLOCK_N = TILES[head_dim]
+    return {"q": [1, 1, BLOCK_M, head_dim], "kv": [1, 1, BLOCK_N, head_dim], "rows": [BLOCK_M]}
 
 
 def make_descriptor(t: torch.Tensor, block_shape: list):
-    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gluon_dtype(t.dtype))
+    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gl.float32 if t.dtype == torch.float32 else gluon_dtype(t.dtype))
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 
@@ -376,14 +424,14 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
         raise ValueError(f"no backward variant {variant!r}: the variants are {', '.join(VARIANTS)}")
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode={dq_mode!r}: the modes are {', '.join(DQ_MODES)}")
-    if dq_mode != "atomics" and (VARIANTS[variant][0] or VARIANTS[variant][2]):
+    if dq_mode != "atomics" and variant not in ("inline", "prefetch"):
         raise ValueError(f"dq_mode={dq_mode!r} is measured with the 'inline' and 'prefetch' variants, not {variant!r}")
     from .. import runtime
 
     B, H, S_q, D = q.shape
     H_kv, S_k = k.shape[1], k.shape[2]
-    BLOCK_M, BLOCK_N, STAGES = TILES[D]
-    warp_specialize, prefetch, dq_lag = VARIANTS[variant]
+    BLOCK_M, BLOCK_N = TILES[D]
+    warp_specialize, prefetch, dq_lag, stages = VARIANTS[variant]
     if warp_specialize and (prefetch or dq_lag):     # (its consumers' switches are written in: _consumer_full)
         raise ValueError(f"variant {variant!r}: the warp-specialized consumers take no PREFETCH or DQ_LAG")
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
@@ -392,9 +440,12 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     shapes = block_shapes(D)
     descs = (make_descriptor(q, shapes["q"]), make_descriptor(k, shapes["kv"]), make_descriptor(v, shapes["kv"]),
              make_descriptor(do, shapes["q"]))
+    rows = (lse, delta)         # PREFETCH 2: the copy engine reads them, as one flat vector each
+    if prefetch == 2:
+        rows = tuple(make_descriptor(padded_rows(x, BLOCK_M), shapes["rows"]) for x in (lse, delta))
     grid = (triton_cdiv(S_k, BLOCK_N), B * H_kv)
-    args = (*descs, lse, delta, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
-    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=STAGES,
+    args = (*descs, lse, delta, *rows, dq_acc, dk, dv, *dk.stride()[:3], *dv.stride()[:3], H, H // H_kv, S_q, S_k, scale, scale * LOG2E)
+    options = dict(CAUSAL=bool(causal), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=D, STAGES=stages,
                    NUM_WARPS=NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=PRODUCER_REGS,
                    DQ=DQ_MODES[dq_mode], PREFETCH=prefetch, DQ_LAG=dq_lag, num_warps=NUM_WARPS)
     return grid, args, options, dq_acc, dk, dv

@@ -9,8 +9,8 @@ when causal), as ``bench_common.attention_flops`` counts the backward. Its runs 
     python -m flashattn.hopper.bench_backward --bf16 [variant ...]   # bf16 only, those variants
     python -m flashattn.hopper.bench_backward --ablation [prefetch]  # what dQ costs: the inline (or
         # prefetch) variant with dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
-    ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu
-        # one launch of each variant (bf16 D128 S4k, full), between cudaProfilerStart and Stop
+    ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu [variant ...]
+        # one launch of each variant (default all; bf16 D128 S4k, full), between cudaProfilerStart and Stop
 """
 import sys
 
@@ -74,10 +74,10 @@ def ablation(variant: str = "inline") -> None:
                   flush=True)
 
 
-def ncu_launches() -> None:
-    """Warm up, then one launch of each variant between cudaProfilerStart and cudaProfilerStop."""
+def ncu_launches(*variants) -> None:
+    """Warm up, then one launch of each variant (default: all) between cudaProfilerStart and cudaProfilerStop."""
     q, k, v, o, do, lse = _inputs(torch.bfloat16, 4, 16, 4096, 128, False)
-    variants = list(bwd.VARIANTS)
+    variants = list(variants or bwd.VARIANTS)
     for variant in variants:
         bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
     torch.cuda.synchronize()
@@ -95,5 +95,5 @@ if __name__ == "__main__":
             sys.exit(f"no backward variant {', '.join(unknown)}: the variants are {', '.join(bwd.VARIANTS)}")
         main((torch.bfloat16, ), tuple(sys.argv[2:]))
     else:
-        {"--ablation": lambda: ablation(*sys.argv[2:3]), "--ncu": ncu_launches}.get(
+        {"--ablation": lambda: ablation(*sys.argv[2:3]), "--ncu": lambda: ncu_launches(*sys.argv[2:])}.get(
             sys.argv[1] if len(sys.argv) > 1 else "", main)()

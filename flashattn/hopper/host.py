@@ -31,3 +31,20 @@ def descriptor_strides(t: torch.Tensor) -> list:
         if t.shape[i] == 1:
             strides[i] = strides[i + 1] * t.shape[i + 1]
     return strides
+
+
+def padded_rows(x: torch.Tensor, block_m: int) -> torch.Tensor:
+    """LSE or delta ([B, H, S_q], fp32) as one flat vector with each head's rows padded to a whole
+    number of tiles, as the copy engine reads them (PREFETCH 2): every box then starts on a tile, in
+    the head's own rows, at a 16-byte aligned address. A copy only where S_q is not a whole number
+    of tiles (or ``x`` not dense)."""
+    B, H, S_q = x.shape
+    S_rows = -(-S_q // block_m) * block_m
+    if B * H * S_rows >= 2 ** 31:
+        raise ValueError(f"LSE and delta as flat vectors need 32-bit coordinates: B * H * padded S_q = "
+                         f"{B * H * S_rows} >= 2**31; take a variant without the copy engine's rows ('prefetch')")
+    if S_rows == S_q and x.is_contiguous() and x.data_ptr() % 16 == 0:
+        return x.view(-1)
+    flat = torch.zeros((B, H, S_rows), dtype=torch.float32, device=x.device)
+    flat[..., :S_q] = x
+    return flat.view(-1)

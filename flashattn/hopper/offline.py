@@ -59,20 +59,21 @@ def compile_backward(dtype: str, head_dim: int, causal: bool, variant: str = "in
 
     gdt = {"fp16": bwd.gl.float16, "bf16": bwd.gl.bfloat16}[dtype]
     shapes = bwd.block_shapes(head_dim)
-    BLOCK_M, BLOCK_N, STAGES = bwd.TILES[head_dim]
-    warp_specialize, prefetch, dq_lag = bwd.VARIANTS[variant]
+    BLOCK_M, BLOCK_N = bwd.TILES[head_dim]
+    warp_specialize, prefetch, dq_lag, stages = bwd.VARIANTS[variant]
 
-    def desc(block):
-        layout = bwd.gl.NVMMASharedLayout.get_default_for(block, gdt)
-        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{layout!r}>"
+    def desc(block, element=dtype, gl_element=gdt):
+        layout = bwd.gl.NVMMASharedLayout.get_default_for(block, gl_element)
+        return f"tensordesc<{element}[{', '.join(map(str, block))}],{layout!r}>"
 
-    constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=STAGES,
+    rows = desc(shapes["rows"], "fp32", bwd.gl.float32) if prefetch == 2 else "*fp32"
+    constants = dict(CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HEAD_DIM=head_dim, STAGES=stages,
                      NUM_WARPS=bwd.NUM_WARPS, WARP_SPECIALIZE=warp_specialize, PRODUCER_REGS=bwd.PRODUCER_REGS,
                      DQ=bwd.DQ_MODES[dq_mode], PREFETCH=prefetch, DQ_LAG=dq_lag)
     ints = ("stride_dk_b", "stride_dk_h", "stride_dk_s", "stride_dv_b", "stride_dv_h", "stride_dv_s",
             "H", "GROUP_SIZE", "S_q", "S_k")
     signature = dict(q_desc=desc(shapes["q"]), k_desc=desc(shapes["kv"]), v_desc=desc(shapes["kv"]),
-                     do_desc=desc(shapes["q"]), LSE="*fp32", DELTA="*fp32", DQ_ACC="*fp32", DK=f"*{dtype}",
+                     do_desc=desc(shapes["q"]), LSE="*fp32", DELTA="*fp32", LSE_DESC=rows, DELTA_DESC=rows, DQ_ACC="*fp32", DK=f"*{dtype}",
                      DV=f"*{dtype}", **{n: "i32" for n in ints}, scale="fp32", qk_scale="fp32",
                      **{name: "constexpr" for name in constants})
     src = GluonASTSource(bwd.hopper_bwd_kernel, signature, constexprs=constants)
@@ -111,6 +112,27 @@ def check_launcher(causal=True, variant="ws", D=128, dtype="bf16"):
     driver.set_active(_TargetOnly())
     try:
         return fwd.hopper_fwd_kernel.warmup(*args, grid=grid, **options)
+    finally:
+        driver._active = before
+
+
+def check_backward_launcher(causal=True, variant="tma3", D=128, dtype="bf16"):
+    """``check_launcher`` for the backward: ``backward.launch_args`` (its descriptors, the flat LSE
+    and delta ones too) bound by ``warmup`` and compiled, GQA and odd lengths. Returns the kernel."""
+    import torch
+    from triton.runtime import driver
+
+    from . import backward as bwd
+
+    torch_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    q, do = (torch.randn(2, 4, 333, D, dtype=torch_dtype) for _ in range(2))
+    k, v = (torch.randn(2, 2, 517, D, dtype=torch_dtype) for _ in range(2))
+    lse, delta = (torch.randn(2, 4, 333) for _ in range(2))
+    grid, args, options, *_ = bwd.launch_args(q, k, v, do, lse, delta, causal, D ** -0.5, variant)
+    before = driver._active
+    driver.set_active(_TargetOnly())
+    try:
+        return bwd.hopper_bwd_kernel.warmup(*args, grid=grid, **options)
     finally:
         driver._active = before
 
@@ -166,6 +188,11 @@ def main(argv=None) -> None:
                      "flashattn.hopper.offline")
     if args.backward:
         from . import backward as bwd
+        if args.launcher:
+            for variant in bwd.VARIANTS:
+                k = check_backward_launcher(variant=variant)
+                print(f"launcher: launch_args + warmup bound and compiled the backward's {variant} (bf16 D128 causal, "
+                      f"GQA 2, S_q 333, S_k 517): {k.metadata.num_warps} warps, {k.metadata.shared / 1024:.1f} KB shared")
         cases = itertools.product(("fp16", "bf16"), (64, 128), (False, True), tuple(bwd.VARIANTS))
         for name, k in _compiled(cases, compile_backward, args.only, "bwd ", lambda text: text[:1500]):
             rep = ptxas_report(k.asm["ptx"])
