@@ -32,10 +32,15 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   carried accumulator spills (232-292 bytes), and it is slower.
 - ``PREFETCH`` 2 ("tma"): LSE and delta by the copy engine, one box each of a flat vector (each
   head's rows padded to whole tiles) on the tile's own Q / dO barrier: as fast as "prefetch"
-  (0.97-1.01x). With three slots (``STAGES`` 3, "tma3", "tma3_lag") the tile keeps one CTA barrier
-  of two: 2-6% slower at D 128, where it spills 44-60 bytes; with the lag at D 64, +5-6% on the
-  causal shapes and -1-2% on the others. Their GPU test crashed before the rows were padded, and
-  has not run since: measured at whole-tile shapes, not yet shown correct.
+  (0.97-1.01x). With three slots (``STAGES`` 3, "tma3", "tma3_lag") the tile's first explicit CTA
+  barrier goes, but not from the compiled code: Triton's barrier pass puts a ``bar.sync`` before
+  every copy into shared memory that threads also read, and before the slot's wait, since it cannot
+  tell the slots apart (offline PTX, D 64: 6 per tile against 7). 2-6% slower at D 128, where it
+  spills 44-60 bytes; with the lag at D 64, +5-6% on the causal shapes and -1-2% on the others.
+  A producer warp in a partition of its own would take those copies' barriers out of the
+  consumers (the barrier pass works within a partition). Their GPU test crashed before the rows
+  were padded (a copy must start on 16 bytes), and has not run since: measured at whole-tile
+  shapes, not yet shown correct.
 
 delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
 its fp32 buffer after it.
@@ -62,7 +67,7 @@ NUM_WARPS = 8           # two warpgroups: 64 keys each
 PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it only issues copies
 #: variant -> (WARP_SPECIALIZE, PREFETCH, DQ_LAG, STAGES of the Q / dO ring); see the module's docstring.
 #: PREFETCH: 0 LSE and delta loaded in the tile, 1 by cp.async a tile ahead, 2 by the copy engine with
-#: the tile's Q and dO. STAGES 3 (with PREFETCH 2 only) lets the tile drop one of its two CTA barriers.
+#: the tile's Q and dO. STAGES 3 (with PREFETCH 2 only) lets the tile drop its first explicit CTA barrier.
 VARIANTS = {"inline": (False, 0, False, 2), "ws": (True, 0, False, 2), "prefetch": (False, 1, False, 2),
             "prefetch_lag": (False, 1, True, 2), "tma": (False, 2, False, 2), "tma3": (False, 2, False, 3),
             "tma3_lag": (False, 2, True, 3)}
@@ -186,6 +191,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
 
     gl.static_assert(PREFETCH == 2 or STAGES == 2, "three slots drop a CTA barrier only where the copy engine brings LSE and delta")
     gl.static_assert(PREFETCH == 0 or LOADS, "the producer warp brings Q and dO only")
+    gl.static_assert(STAGES == 2 or DQ > 0, "three slots lean on the barrier before dQ's product")
     S_rows = (S_q + BLOCK_M - 1) // BLOCK_M * BLOCK_M      # PREFETCH 2: a head's rows of LSE and delta, padded
     if LOADS:
         if n_tiles > 0:
@@ -214,6 +220,8 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
         # buffer is reused). Three (STAGES 3, LSE and delta by the copy engine): tile t + 1 goes to
         # tile t - 2's slot and dS^T alternates between two buffers, and every warp left tile t - 2
         # before the other warpgroup passed tile t - 1's barrier below, so this one is not needed.
+        # (Triton's barrier pass still puts a CTA barrier before each copy and before the wait: it
+        # cannot tell the slots apart. The module's docstring has what that costs.)
         if PREFETCH == 1:
             async_copy.wait_group(0)      # this tile's LSE and delta (this thread's copies) have landed
         if STAGES == 2:

@@ -200,6 +200,7 @@ def main(argv=None) -> None:
                   f"smem {k.metadata.shared / 1024:.1f} KB wgmma serialized {rep['wgmma_serialized']}")
             for w in rep["warnings"]:
                 print("    ptxas:", w[:200])
+            _dump(args.dump, name, k)
         return
     if args.launcher:
         k = check_launcher()
@@ -217,12 +218,18 @@ def main(argv=None) -> None:
               f"{n_wgmma:>5} {rep['wgmma_serialized']}")
         for w in rep["warnings"]:
             print("    ptxas:", w[:200])
-        if args.dump:
-            os.makedirs(args.dump, exist_ok=True)
-            stem = os.path.join(args.dump, name.replace(" ", "_"))
-            for ext in ("ttgir", "ptx"):
-                with open(f"{stem}.{ext}", "w") as f:
-                    f.write(k.asm[ext])
+        _dump(args.dump, name, k)
+
+
+def _dump(folder, name: str, kernel) -> None:
+    """A compiled variant's TTGIR and PTX into ``folder`` (``--dump``), if one was named."""
+    if not folder:
+        return
+    os.makedirs(folder, exist_ok=True)
+    stem = os.path.join(folder, name.strip().replace(" ", "_"))
+    for ext in ("ttgir", "ptx"):
+        with open(f"{stem}.{ext}", "w") as f:
+            f.write(kernel.asm[ext])
 
 
 if __name__ == "__main__":
