@@ -17,7 +17,7 @@ SHAPES = [(1, 2, 2, 1, 1), (2, 4, 2, 65, 65), (1, 8, 2, 127, 300), (2, 2, 2, 100
           (1, 2, 2, 2048, 2048), (2, 16, 4, 4096, 4096)]
 
 
-VARIANTS = ["inline", "ws", "prefetch", "prefetch_lag", "tma", "tma3", "tma3_lag"]     # backward.VARIANTS (checked below)
+VARIANTS = ["inline", "ws", "prefetch", "prefetch_lag", "tma", "tma3", "tma3_lag", "ws_tma", "ws_tma3"]     # backward.VARIANTS (checked below)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -41,6 +41,11 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   consumers (the barrier pass works within a partition). Their GPU test crashed before the rows
   were padded (a copy must start on 16 bytes), and has not run since: measured at whole-tile
   shapes, not yet shown correct.
+- ``WARP_SPECIALIZE`` with ``PREFETCH`` 2 ("ws_tma", "ws_tma3"; compiled offline, not yet run on a
+  GPU): the producer warp brings LSE and delta with Q and dO, so no copy is issued by the
+  consumers and their loop keeps 4 ``bar.sync`` per tile ("ws_tma") or 3 ("ws_tma3": three slots,
+  each released a tile late, after the next tile's barrier) against "tma"'s 7 (offline PTX, D 64).
+  D 64: 168 registers, no spill; D 128 spills 56-60 bytes ("ws_tma") or 200-276 ("ws_tma3").
 
 delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
 its fp32 buffer after it.
@@ -70,7 +75,7 @@ PRODUCER_REGS = 24      # setmaxnreg of the producer warp (WARP_SPECIALIZE): it 
 #: the tile's Q and dO. STAGES 3 (with PREFETCH 2 only) lets the tile drop its first explicit CTA barrier.
 VARIANTS = {"inline": (False, 0, False, 2), "ws": (True, 0, False, 2), "prefetch": (False, 1, False, 2),
             "prefetch_lag": (False, 1, True, 2), "tma": (False, 2, False, 2), "tma3": (False, 2, False, 3),
-            "tma3_lag": (False, 2, True, 3)}
+            "tma3_lag": (False, 2, True, 3), "ws_tma": (True, 2, False, 2), "ws_tma3": (True, 2, False, 3)}
 #: the fastest variant at each head dim (results/gluon_backward_h200.txt): what ``launch`` runs unless told
 BEST = {64: "prefetch_lag", 128: "prefetch"}
 #: what the kernel does with dQ (``DQ``), for measuring its cost (variants without DQ_LAG):
@@ -129,13 +134,38 @@ def _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M: gl.constexpr
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles):
-    """The producer warp: every query tile's Q and dO rows as the consumers free their slots."""
+def _produce(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, empty, b, h_kv, H,
+             GROUP_SIZE, S_q, m_start, n_m, n_tiles, PREFETCH: gl.constexpr):
+    """The producer warp: every query tile's Q and dO rows as the consumers free their slots, and
+    with ``PREFETCH`` 2 its LSE and delta on the same barrier. (One warp issues every copy:
+    Triton's barrier pass puts no CTA barrier between them, as it does where 8 warps run the loads.)"""
     STAGES: gl.constexpr = q_smem.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.shape[3]
+    S_rows = (S_q + BLOCK_M - 1) // BLOCK_M * BLOCK_M      # a head's padded rows of LSE and delta
     for t in range(n_tiles):
-        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
+        h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, BLOCK_M)
         mbarrier.wait(empty.index(t % STAGES), ((t // STAGES) & 1) ^ 1)   # a fresh barrier: free
-        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t)
+        if PREFETCH == 2:
+            _load_q_do_rows(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, b, h,
+                            (b * H + h).to(gl.int64) * S_rows, start_m, t)
+        else:
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, b, h, start_m, t)
+
+
+# The producer partition, with its switch written in: a worker partition's arguments cross into it as
+# values, so a constexpr cannot travel with them (the consumers, the default partition, take theirs).
+@gluon.jit
+def _producer(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, empty, b, h_kv, H,
+              GROUP_SIZE, S_q, m_start, n_m, n_tiles):
+    _produce(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, empty, b, h_kv, H,
+             GROUP_SIZE, S_q, m_start, n_m, n_tiles, 0)
+
+
+@gluon.jit
+def _producer_rows(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, empty, b, h_kv, H,
+                   GROUP_SIZE, S_q, m_start, n_m, n_tiles):
+    _produce(q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, rows_smem, ready, empty, b, h_kv, H,
+             GROUP_SIZE, S_q, m_start, n_m, n_tiles, 2)
 
 
 @gluon.jit
@@ -161,7 +191,8 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
               PREFETCH: gl.constexpr, DQ_LAG: gl.constexpr):
     """The two consumer warpgroups: every product, the softmax's recomputation, dQ's atomics, and
     dK, dV at the end. ``LOADS``: also issue the Q / dO copies, one tile ahead (no producer warp);
-    else arrive on a slot's "empty" barrier once its tile's products are done. ``DQ`` is for
+    else arrive on a slot's "empty" barrier once its tile's products are done (with three slots, a
+    tile late: after the next tile's barrier, which every warp reaches only past that tile). ``DQ`` is for
     measuring what dQ costs (``DQ_MODES``): 2 computes it, 1 stores its tiles without atomics (a
     wrong dQ), 0 skips its product and dS^T's trip through shared memory (no dQ). ``PREFETCH`` (with
     ``LOADS``): each tile's LSE and delta come a tile ahead into shared memory, 1 by cp.async, 2 by
@@ -190,7 +221,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
     query_cols: gl.constexpr = gl.SliceLayout(0, st_layout)   # a vector along BLOCK_M
 
     gl.static_assert(PREFETCH == 2 or STAGES == 2, "three slots drop a CTA barrier only where the copy engine brings LSE and delta")
-    gl.static_assert(PREFETCH == 0 or LOADS, "the producer warp brings Q and dO only")
+    gl.static_assert(PREFETCH != 1 or LOADS, "cp.async rows are the consumers' own copies")
     gl.static_assert(STAGES == 2 or DQ > 0, "three slots lean on the barrier before dQ's product")
     S_rows = (S_q + BLOCK_M - 1) // BLOCK_M * BLOCK_M      # PREFETCH 2: a head's rows of LSE and delta, padded
     if LOADS:
@@ -218,8 +249,9 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
         h, start_m = _tile_head_and_rows(t, n_m, m_start, h_kv, GROUP_SIZE, q_smem.shape[3])
         # Two slots: every warp must be past tile t - 1 before its slot takes tile t + 1 (and dS^T's
         # buffer is reused). Three (STAGES 3, LSE and delta by the copy engine): tile t + 1 goes to
-        # tile t - 2's slot and dS^T alternates between two buffers, and every warp left tile t - 2
-        # before the other warpgroup passed tile t - 1's barrier below, so this one is not needed.
+        # tile t - 2's slot (ws: the producer waits for it) and dS^T alternates between two buffers,
+        # and every warp left tile t - 2 before the other warpgroup passed tile t - 1's barrier below,
+        # so this one is not needed.
         # (Triton's barrier pass still puts a CTA barrier before each copy and before the wait: it
         # cannot tell the slots apart. The module's docstring has what that costs.)
         if PREFETCH == 1:
@@ -282,8 +314,11 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
         if DQ > 0:
             fence_async_shared()
             gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
+        if not LOADS and STAGES > 2:    # ws, three slots: every warp is past tile t - 1, so its slot is free
+            if t > 0:
+                mbarrier.arrive(empty.index((t - 1) % STAGES), count=1)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))
-        if not LOADS:
+        if not LOADS and STAGES == 2:
             gl.thread_barrier()       # (ws: both warpgroups' products are done, not only the arriving thread's)
             mbarrier.arrive(empty.index(slot), count=1)           # Q and dO of this slot are read
         if DQ_LAG:      # dQ = dS K, left running (waited for in the next iteration, or after the loop)
@@ -309,31 +344,6 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
     dv_ptrs = DV + b.to(gl.int64) * stride_dv_b + h_kv.to(gl.int64) * stride_dv_h + offs_nk[:, None] * stride_dv_s
     gl.store(dk_ptrs + offs_d[None, :], (dk * scale).to(dtype), mask=keep)
     gl.store(dv_ptrs + offs_d[None, :], dv.to(dtype), mask=keep)
-
-
-# A partition's function gets the partition's arguments only, so each role is a function of its own with
-# its switches written in: (CAUSAL, NUM_WARPS, LOADS, DQ, PREFETCH, DQ_LAG). The "ws" variant has no
-# other switches (``launch_args`` refuses them); 8 is NUM_WARPS (a kernel reads no Python globals).
-@gluon.jit
-def _consumer_causal(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
-                     stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                     k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-                     b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
-    _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
-              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, True, 8, False, 2, 0, False)
-
-
-@gluon.jit
-def _consumer_full(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
-                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-                   k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-                   b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale):
-    _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
-              stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
-              k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
-              b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale, False, 8, False, 2, 0, False)
 
 
 @gluon.jit(do_not_specialize=["H", "GROUP_SIZE", "S_q", "S_k"])
@@ -387,12 +397,16 @@ def hopper_bwd_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, LSE_DESC, DEL
                      stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
                      k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
                      b, h_kv, H, GROUP_SIZE, S_q, S_k, start_n, m_start, n_m, n_tiles, scale, qk_scale)
-    producer_args = (q_desc, do_desc, q_smem, do_smem, ready, empty, b, h_kv, GROUP_SIZE, m_start, n_m, n_tiles)
-    if WARP_SPECIALIZE:
-        if CAUSAL:
-            gl.warp_specialize([(_consumer_causal, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
+    if WARP_SPECIALIZE:     # (the consumers' switches travel with their arguments, as constexprs)
+        producer_args = (q_desc, do_desc, LSE_DESC, DELTA_DESC, q_smem, do_smem, rows_smem, ready, empty, b, h_kv, H,
+                         GROUP_SIZE, S_q, m_start, n_m, n_tiles)
+        # (written out in each call: a tuple of constexprs kept in a variable loses them)
+        if PREFETCH == 2:
+            gl.warp_specialize([(_consumer, consumer_args + (CAUSAL, NUM_WARPS, False, DQ, PREFETCH, DQ_LAG)),
+                                (_producer_rows, producer_args)], [1], [PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_consumer_full, consumer_args), (_producer, producer_args)], [1], [PRODUCER_REGS])
+            gl.warp_specialize([(_consumer, consumer_args + (CAUSAL, NUM_WARPS, False, DQ, PREFETCH, DQ_LAG)),
+                                (_producer, producer_args)], [1], [PRODUCER_REGS])
     else:
         _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
                   stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
@@ -440,8 +454,8 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
     H_kv, S_k = k.shape[1], k.shape[2]
     BLOCK_M, BLOCK_N = TILES[D]
     warp_specialize, prefetch, dq_lag, stages = VARIANTS[variant]
-    if warp_specialize and (prefetch or dq_lag):     # (its consumers' switches are written in: _consumer_full)
-        raise ValueError(f"variant {variant!r}: the warp-specialized consumers take no PREFETCH or DQ_LAG")
+    if warp_specialize and (prefetch == 1 or dq_lag):
+        raise ValueError(f"variant {variant!r}: the warp-specialized consumers take no cp.async rows or DQ_LAG")
     dq_acc = torch.zeros((B, H, S_q, D), dtype=torch.float32, device=q.device)
     dk = runtime.new_output((B, H_kv, S_k, D), k.dtype, k.device)     # poisoned or guarded where asked
     dv = runtime.new_output((B, H_kv, S_k, D), v.dtype, v.device)
