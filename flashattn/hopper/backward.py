@@ -44,7 +44,8 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
 - ``WARP_SPECIALIZE`` with ``PREFETCH`` 2 ("ws_tma", "ws_tma3"; compiled offline, not yet run on a
   GPU): the producer warp brings LSE and delta with Q and dO, so no copy is issued by the
   consumers and their loop keeps 4 ``bar.sync`` per tile ("ws_tma") or 3 ("ws_tma3": three slots,
-  each released a tile late, after the next tile's barrier) against "tma"'s 7 (offline PTX, D 64).
+  each released a tile late, after the next tile's barrier) against "tma"'s 7 (offline PTX, D 64;
+  of the 3, the barrier pass adds one before dS^T's store and one before the arrive on "empty").
   D 64: 168 registers, no spill; D 128 spills 56-60 bytes ("ws_tma") or 200-276 ("ws_tma3").
 
 delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
@@ -252,8 +253,9 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
         # tile t - 2's slot (ws: the producer waits for it) and dS^T alternates between two buffers,
         # and every warp left tile t - 2 before the other warpgroup passed tile t - 1's barrier below,
         # so this one is not needed.
-        # (Triton's barrier pass still puts a CTA barrier before each copy and before the wait: it
-        # cannot tell the slots apart. The module's docstring has what that costs.)
+        # (Where these 8 warps issue the copies, Triton's barrier pass still puts a CTA barrier before
+        # each copy and before the wait: it cannot tell the slots apart. The module's docstring has
+        # what that costs.)
         if PREFETCH == 1:
             async_copy.wait_group(0)      # this tile's LSE and delta (this thread's copies) have landed
         if STAGES == 2:
@@ -315,6 +317,7 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
             fence_async_shared()
             gl.thread_barrier()               # both warpgroups' rows of dS^T are in shared memory
         if not LOADS and STAGES > 2:    # ws, three slots: every warp is past tile t - 1, so its slot is free
+            # (the last tile's slot is never released: right for one pass over the tiles per program)
             if t > 0:
                 mbarrier.arrive(empty.index((t - 1) % STAGES), count=1)
         dk, ds_op = warpgroup_mma_wait(num_outstanding=0, deps=(dk, ds_op))

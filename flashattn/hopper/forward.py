@@ -214,49 +214,10 @@ def _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar
     tma.store_wait(0)
 
 
-# A partition's function gets the partition's arguments only, and a worker's arrive as tensors (constexprs
-# too), so each role is a function of its own with its switches written in:
-# (CAUSAL, NUM_WARPS, LOADS, WG, PINGPONG).
-@gluon.jit
-def _consumer8_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-                      q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                      pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              True, 8, False, 0, False)
-
-
-@gluon.jit
-def _consumer8_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-                    q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                    pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              False, 8, False, 0, False)
-
-
-@gluon.jit
-def _first_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-                  q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                  pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              True, 4, False, 0, False)
-
-
-@gluon.jit
-def _first_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-                q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              False, 4, False, 0, False)
-
-
+# A worker partition's arguments arrive as tensors (constexprs too), so the second consumer is a function
+# of its own with its switches written in: (CAUSAL, NUM_WARPS, LOADS, WG, PINGPONG). The default
+# partition (the first consumer) takes them as constexprs at the end of its argument tuple, written
+# out in the call (a tuple of constexprs kept in a variable loses them).
 @gluon.jit
 def _second_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
                    q_bar, k_ready, v_ready, k_empty, v_empty, turn,
@@ -275,26 +236,6 @@ def _second_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
               q_bar, k_ready, v_ready, k_empty, v_empty, turn,
               pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
               False, 4, False, 1, False)
-
-
-@gluon.jit
-def _first_pingpong_causal(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-                           q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                           pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              True, 4, False, 0, True)
-
-
-@gluon.jit
-def _first_pingpong_full(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-                         q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-                         pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale):
-    _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem,
-              q_bar, k_ready, v_ready, k_empty, v_empty, turn,
-              pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
-              False, 4, False, 0, True)
 
 
 @gluon.jit
@@ -365,23 +306,25 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
                      b, h, h_kv, start_m, n_tiles)
     if PINGPONG:         # two warpgroups, each its own partition (64 rows), issuing their products in turn
         if CAUSAL:
-            gl.warp_specialize([(_first_pingpong_causal, common), (_second_pingpong_causal, common),
+            gl.warp_specialize([(_consumer, common + (True, 4, False, 0, True)), (_second_pingpong_causal, common),
                                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_first_pingpong_full, common), (_second_pingpong_full, common),
+            gl.warp_specialize([(_consumer, common + (False, 4, False, 0, True)), (_second_pingpong_full, common),
                                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 2:   # two warpgroups, each its own partition (64 rows): nothing keeps them in step
         if CAUSAL:
-            gl.warp_specialize([(_first_causal, common), (_second_causal, common),
+            gl.warp_specialize([(_consumer, common + (True, 4, False, 0, False)), (_second_causal, common),
                                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_first_full, common), (_second_full, common),
+            gl.warp_specialize([(_consumer, common + (False, 4, False, 0, False)), (_second_full, common),
                                 (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     elif WARP_SPECIALIZE:
         if CAUSAL:
-            gl.warp_specialize([(_consumer8_causal, common), (_producer, producer_args)], [1], [PRODUCER_REGS])
+            gl.warp_specialize([(_consumer, common + (True, 8, False, 0, False)), (_producer, producer_args)],
+                               [1], [PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_consumer8_full, common), (_producer, producer_args)], [1], [PRODUCER_REGS])
+            gl.warp_specialize([(_consumer, common + (False, 8, False, 0, False)), (_producer, producer_args)],
+                               [1], [PRODUCER_REGS])
     else:
         _consumer(q_desc, k_desc, v_desc, o_desc, LSE, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready,
                   k_empty, v_empty, turn, pid_bh, b, h_kv, h, start_m, S_q, S_k, n_tiles, free_end, qk_scale,
