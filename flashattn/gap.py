@@ -61,8 +61,11 @@ METRICS = {
     **{f"stall_{r}": f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in STALL_REASONS},
 }
 
-#: Our kernels' names start so; every other kernel in a profiled range is cuDNN's.
-OUR_KERNELS = ("fast_", "attn_bwd_")
+#: Our kernels' names start so; every other kernel in a profiled range is cuDNN's. (``hopper_``: the
+#: Gluon kernels, which the fast path runs on Hopper where they measured faster.)
+OUR_KERNELS = ("fast_", "attn_bwd_", "hopper_")
+#: Our forward kernels: each profiled configuration starts at one of them.
+FORWARD_KERNELS = ("fast_fwd_kernel", "hopper_fwd_kernel")
 #: A unit counts as saturated from these shares of its peak on.
 BOUND_AT = {"dram_pct": 60.0, "tensor_pipe_pct": 80.0, "issue_active_pct": 70.0}
 UNITS = {"dram_pct": "memory bandwidth", "tensor_pipe_pct": "tensor pipe", "issue_active_pct": "instruction issue"}
@@ -112,12 +115,13 @@ def read_ncu_csv(path) -> list[dict]:
 def group_kernels(kernels: list[dict], manifest: dict) -> list[dict]:
     """Split the launch-ordered kernels into the manifest's configurations and tag each kernel
     with its part. ``nsight.main_sweep`` launches, per configuration: our forward
-    (``fast_fwd_kernel``), our backward's kernels, cuDNN's forward (one kernel, named ``...fprop...``),
-    cuDNN's backward. Anything else in between (a stray PyTorch kernel, say) is an error, not a guess."""
-    starts = [i for i, k in enumerate(kernels) if k["name"].startswith("fast_fwd_kernel")]
+    (``fast_fwd_kernel``, or on Hopper ``hopper_fwd_kernel`` where the fast path takes the Gluon
+    forward), our backward's kernels, cuDNN's forward (one kernel, named ``...fprop...``), cuDNN's
+    backward. Anything else in between (a stray PyTorch kernel, say) is an error, not a guess."""
+    starts = [i for i, k in enumerate(kernels) if k["name"].startswith(FORWARD_KERNELS)]
     if len(starts) != len(manifest["configs"]):
-        raise ValueError(f"expected {len(manifest['configs'])} profiled configurations (one fast_fwd_kernel "
-                         f"each), found {len(starts)} in the CSV")
+        raise ValueError(f"expected {len(manifest['configs'])} profiled configurations (one of our forward "
+                         f"kernels each: {', '.join(FORWARD_KERNELS)}), found {len(starts)} in the CSV")
     out = []
     for config, a, b in zip(manifest["configs"], starts, starts[1:] + [len(kernels)]):
         group = kernels[a:b]

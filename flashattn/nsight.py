@@ -134,7 +134,8 @@ def main_sweep(dtype_name, manifest_path, head_dims=SWEEP_HEAD_DIMS):
     """One profiled range per configuration. In each: the fast forward with no gradient (as the
     benchmark times it), the fast backward (``autograd.grad`` of a forward taken before the range),
     then the same two for cuDNN. So in ncu's list of kernels each configuration starts at its
-    ``fast_fwd_kernel``, the fast backward's kernels follow, and cuDNN's forward is the first
+    ``fast_fwd_kernel`` (on Hopper, ``hopper_fwd_kernel`` where the fast path takes the Gluon
+    forward), the fast backward's kernels follow, and cuDNN's forward is the first
     kernel after them: ``flashattn.gap.group_kernels`` relies on exactly this order."""
     from .bench import DTYPES, providers
 

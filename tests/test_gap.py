@@ -31,8 +31,8 @@ def ncu_csv(rows) -> str:
     return "==PROF== Disconnected\n" + buf.getvalue()
 
 
-def config_kernels(start, ours_extra=()):
-    names = ["fast_fwd_kernel", "attn_bwd_delta_kernel", "fast_dq_kernel", "fast_dkdv_kernel", *ours_extra,
+def config_kernels(start, ours_extra=(), forward="fast_fwd_kernel"):
+    names = [forward, "attn_bwd_delta_kernel", "fast_dq_kernel", "fast_dkdv_kernel", *ours_extra,
              "cudnn_generated_sm90_flash_fprop", "cudnn_dot_do_o", "cudnn_sm90_flash_bprop", "cudnn_convert_dq"]
     return [kernel_row(start + i, n, duration_ns=1000 * (i + 1), tensor_flops=1e9 * (i % 3))
             for i, n in enumerate(names)]
@@ -56,6 +56,18 @@ def test_read_and_group(tmp_path):
         gap.group_kernels(kernels, {"configs": manifest["configs"] + [dict(D=64, S=4096, causal=False)]})
     with pytest.raises(ValueError, match="cuDNN's backward"):
         gap.group_kernels(kernels[:5], {"configs": manifest["configs"][:1]})
+
+
+def test_a_configuration_may_start_at_the_gluon_forward(tmp_path):
+    """On Hopper the fast path runs the Gluon forward (``hopper_fwd_kernel``) where it measured
+    faster: a configuration starts there too, and the Gluon kernels count as ours."""
+    rows = config_kernels(0) + config_kernels(100, forward="hopper_fwd_kernel")
+    path = tmp_path / "raw.csv"
+    path.write_text(ncu_csv(rows))
+    manifest = {"configs": [dict(D=64, S=1024, causal=False), dict(D=64, S=4096, causal=False)]}
+    groups = gap.group_kernels(gap.read_ncu_csv(path), manifest)
+    assert [k["part"] for k in groups[1]["kernels"]] == ["ours fwd"] + ["ours bwd"] * 3 + ["cudnn fwd"] + ["cudnn bwd"] * 3
+    assert groups[1]["kernels"][0]["name"] == "hopper_fwd_kernel"
 
 
 def test_metric_list_keeps_only_what_ncu_knows():
