@@ -19,6 +19,8 @@ the SM clock each ran at and the FLOPs per cycle.
                                                      # `ncu --query-metrics` printed into QUERY.txt)
     python -m flashattn.gap read OUT.json NCU_VERSION RAW.csv MANIFEST.json [RAW.csv MANIFEST.json ...]
     python -m flashattn.gap table [--results DIR] [--out FILE]   # default: results/cudnn_gap_h100.md
+    python -m flashattn.gap table --device h200   # bench_{fp16,bf16}_h200.json, profile_sweep_h200.json
+                                                  # -> cudnn_gap_h200.md (``files``)
 
 The profile is taken on a GPU with ``python -m flashattn.nsight sweep`` under ncu (``RECIPE``
 below, also printed at the end of the table); everything here only reads JSON and CSV, so it
@@ -222,13 +224,21 @@ def describe(kernel: dict) -> str:
 # --------------------------------------------------------------------------------------
 # the table
 # --------------------------------------------------------------------------------------
-def bench_rows(results: Path) -> list[dict]:
+def files(device: str = "h100") -> dict:
+    """The table's inputs and output under ``results/`` for one device: the H100's keep the names
+    they were committed under (issue 13); another device's carry its name (``h200``: issue 44)."""
+    tag = "" if device == "h100" else f"_{device}"
+    return {"bench": {d: f"bench_{d}{tag}.json" for d in ("fp16", "bf16")},
+            "profile": f"profile_sweep_{device}.json", "table": f"cudnn_gap_{device}.md"}
+
+
+def bench_rows(results: Path, device: str = "h100") -> list[dict]:
     """One row per (dtype, D, S, causal, pass) that every provider measured: our time, cuDNN's and
     FA2's (SDPA flash), and our ratios to them rounded as printed (two decimals), so that counts
     at a threshold agree with what a reader sees."""
     rows = []
     for dtype in ("fp16", "bf16"):
-        data = json.loads((results / f"bench_{dtype}.json").read_text())
+        data = json.loads((results / files(device)["bench"][dtype]).read_text())
         by = {(r["provider"], r["D"], r["S"], r["causal"]): r for r in data["results"] if "error" not in r}
         for (provider, D, S, causal), r in sorted(by.items(), key=lambda kv: kv[0][1:]):
             cudnn, fa2 = by.get(("sdpa-cudnn", D, S, causal)), by.get(("sdpa-flash", D, S, causal))
@@ -270,21 +280,24 @@ LEGEND = (
     f"{BOUND_AT['issue_active_pct']:.0f}% issue would be named as saturated.")
 
 
-def build_table(results: Path) -> str:
-    rows = bench_rows(results)
-    profile = json.loads((results / "profile_sweep_h100.json").read_text())
+def build_table(results: Path, device: str = "h100") -> str:
+    names = files(device)
+    rows = bench_rows(results, device)
+    profile = json.loads((results / names["profile"]).read_text())
     profiled = {(c["D"], c["S"], c["causal"]): c for c in profile["configs"]}
     env = rows[0]["environment"]
-    out = ["# How far from cuDNN, and why: every benchmark configuration on the H100 (issue 13)", ""]
+    issue = "issue 13" if device == "h100" else "issue 44: the Gluon forward where the fast path runs it"
+    out = [f"# How far from cuDNN, and why: every benchmark configuration on the {device.upper()} ({issue})", ""]
     out += [f"- **Benchmark:** {env['device']}, torch {env['torch']}, triton {env['triton']}, cuDNN "
-            f"{env.get('cudnn')}, {env['date'][:10]}; `results/bench_fp16.json`, `results/bench_bf16.json` "
+            f"{env.get('cudnn')}, {env['date'][:10]}; `results/{names['bench']['fp16']}`, `results/{names['bench']['bf16']}` "
             f"(commands in their `environment`). B*S = 16384, H*D = 2048; times are medians of three rounds, "
             f"every provider in one run.",
             f"- **Profile:** {profile['device']}, torch {profile['torch']}, triton {profile['triton']}, "
-            f"{profile.get('ncu', 'ncu')}, {profile['date'][:10]}; `results/profile_sweep_h100.json`. One launch "
+            f"{profile.get('ncu', 'ncu')}, {profile['date'][:10]}; `results/{names['profile']}`. One launch "
             f"of each kernel in {profile['dtype']}, clocks as found. Our bf16 kernels are the same kernels with "
             f"the same tiles, so bf16's rows cite it; cuDNN's bf16 kernels were not profiled.",
-            "- **Regenerate:** `python -m flashattn.gap table`; the profile's commands are at the end.", ""]
+            "- **Regenerate:** `python -m flashattn.gap table" + ("" if device == "h100" else f" --device {device}")
+            + "`; the profile's commands are at the end.", ""]
     out += ["## Summary", "", "| ours / | min | median | max | at >= 0.9x | at >= 1.0x | at >= 1.2x |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for label, key in (("cuDNN (SDPA cuDNN backend)", "vs_cudnn"), ("FlashAttention-2 (SDPA flash)", "vs_fa2")):
@@ -375,13 +388,23 @@ def reading(rows: list[dict], profile: dict) -> list[str]:
               "cuDNN's kernels are built as three warpgroups, which in FlashAttention-3's design are a "
               "producer and two consumers whose registers are reallocated after launch (`setmaxnreg`), so "
               "that one consumer's arithmetic overlaps the other's products; ncu's launch statistics show the "
-              "three warpgroups, not the roles, so that part is inferred. Triton 3.6 does not give a kernel "
-              "written as ours that structure (notebook 06, section 7, lists what was tried). In the backward "
+              "three warpgroups, not the roles, so that part is inferred. "
+              + ("Triton 3.6 does not give a kernel written as ours that structure (notebook 06, section 7, "
+                 "lists what was tried). " if not _has_gluon(profile) else
+                 "Triton 3.6's `tl` does not give a kernel that structure (notebook 06, section 7); where "
+                 "the fast path runs the Gluon forward (`hopper_fwd_kernel`), it has it: a producer warp and "
+                 "consumer warpgroups with `setmaxnreg` (lesson 12), so those rows compare like with like. ")
+              + "In the backward "
               "the two-kernel design adds work on top: the dQ kernel recomputes S = QK^T and dP = dO V^T, "
               "which cuDNN's single kernel avoids by adding dQ with atomics; this package's single kernel "
               "(`backward=\"fused\"`) has the five products but spills at 255 registers and measured slower "
               "(notebook 06).", ""]
     return lines
+
+
+def _has_gluon(profile: dict) -> bool:
+    """Whether the sweep ran a Gluon kernel (the fast path on Hopper, where they measured faster)."""
+    return any(k["name"].startswith("hopper_") for c in profile["configs"] for k in c["kernels"])
 
 
 def kernel_table(profile: dict) -> list[str]:
@@ -404,7 +427,8 @@ def kernel_table(profile: dict) -> list[str]:
 
 
 #: What ``results/profile_sweep_h100.json`` came from, run on the GPU from the repository's root
-#: (one ncu process per head dim, so that a slow one cannot take the other with it).
+#: (one ncu process per head dim, so that a slow one cannot take the other with it). Another
+#: device's sweep reads the same, with its own profile's name (``recipe``).
 RECIPE = [
     "ncu --query-metrics --chip gh100 > query.txt",
     "M=$(python -m flashattn.gap metrics query.txt)",
@@ -419,7 +443,16 @@ RECIPE = [
 ]
 
 
-def read_profile(pairs, ncu_version: str | None = None) -> dict:
+def recipe(profile_name: str = "profile_sweep_h100.json") -> list[str]:
+    """``RECIPE`` for a profile written to ``results/<profile_name>`` (``profile_sweep_<device>.json``)."""
+    device = profile_name.removeprefix("profile_sweep_").removesuffix(".json")
+    lines = [line.replace("profile_sweep_h100.json", profile_name) for line in RECIPE]
+    if device != "h100":
+        lines[-1] += f" --device {device}"
+    return lines
+
+
+def read_profile(pairs, ncu_version: str | None = None, profile_name: str = "profile_sweep_h100.json") -> dict:
     """The profile JSON from (ncu CSV, sweep manifest) pairs, one per ncu run, in order."""
     profile = {}
     configs = []
@@ -432,7 +465,7 @@ def read_profile(pairs, ncu_version: str | None = None) -> dict:
                          f"fp16's wgmma counter (sm 9.0 has no bf16 twin), so sweep in fp16")
     if ncu_version:
         profile["ncu"] = ncu_version
-    profile["commands"] = RECIPE
+    profile["commands"] = recipe(profile_name)
     profile["configs"] = configs
     return profile
 
@@ -449,8 +482,10 @@ def main(argv=None) -> int:
     r.add_argument("files", nargs="+", help="RAW.csv MANIFEST.json, once per ncu run")
     t = sub.add_parser("table", help="write the gap table")
     t.add_argument("--results", default="results",
-                   help="the folder with bench_fp16.json, bench_bf16.json, profile_sweep_h100.json (default: results)")
-    t.add_argument("--out", default=None, help="default: RESULTS/cudnn_gap_h100.md; - for stdout only")
+                   help="the folder with the benchmark and profile JSON (default: results)")
+    t.add_argument("--out", default=None, help="default: RESULTS/cudnn_gap_<device>.md; - for stdout only")
+    t.add_argument("--device", default="h100", help="whose results: h100 (issue 13's names) or another "
+                   "tag, read as bench_fp16_<tag>.json, bench_bf16_<tag>.json, profile_sweep_<tag>.json")
     args = ap.parse_args(argv)
     if args.command == "metrics":
         names = metric_list(Path(args.query).read_text() if args.query else None)
@@ -461,20 +496,21 @@ def main(argv=None) -> int:
     elif args.command == "read":
         if len(args.files) % 2:
             ap.error(f"read takes RAW.csv MANIFEST.json pairs, got {len(args.files)} files")
-        profile = read_profile(zip(args.files[::2], args.files[1::2]), args.ncu_version)
+        profile = read_profile(zip(args.files[::2], args.files[1::2]), args.ncu_version, Path(args.out).name)
         Path(args.out).write_text(json.dumps(profile, indent=1) + "\n")
         print(f"{len(profile['configs'])} configurations -> {args.out}")
     else:
         results = Path(args.results)
-        needed = [results / n for n in ("bench_fp16.json", "bench_bf16.json", "profile_sweep_h100.json")]
+        names = files(args.device)
+        needed = [results / n for n in (*names["bench"].values(), names["profile"])]
         missing = [str(p) for p in needed if not p.exists()]
         if missing:
             ap.error(f"table needs {', '.join(missing)} (run from the repository's root, or pass --results)")
-        text = build_table(results)
+        text = build_table(results, args.device)
         if args.out == "-":
             print(text, end="")
         else:
-            out = Path(args.out or results / "cudnn_gap_h100.md")
+            out = Path(args.out or results / names["table"])
             out.write_text(text)
             print(f"wrote {out}")
     return 0

@@ -168,3 +168,30 @@ def test_a_sweep_without_its_flop_counter_is_refused(tmp_path):
     (tmp_path / "m.json").write_text(json.dumps({"dtype": "bf16", "configs": [dict(D=64, S=1024, causal=False)]}))
     with pytest.raises(ValueError, match="no tensor FLOPs counted in this bf16 sweep"):
         gap.read_profile([(tmp_path / "raw.csv", tmp_path / "m.json")])
+
+
+def test_another_devices_table_reads_its_own_files_and_names_the_gluon_forward(tmp_path, capsys):
+    """``table --device h200`` reads bench_{fp16,bf16}_h200.json and profile_sweep_h200.json and
+    writes cudnn_gap_h200.md; where the sweep ran the Gluon forward, the closing paragraph says that
+    those rows have cuDNN's structure instead of saying that Triton cannot give it."""
+    for dtype in ("fp16", "bf16"):
+        (tmp_path / f"bench_{dtype}_h200.json").write_text((RESULTS / f"bench_{dtype}.json").read_text())
+    profile = json.loads((RESULTS / "profile_sweep_h100.json").read_text())
+    for c in profile["configs"]:
+        if c["S"] >= 4096:
+            c["kernels"][0]["name"] = "hopper_fwd_kernel"
+    (tmp_path / "profile_sweep_h200.json").write_text(json.dumps(profile))
+    assert gap.main(["table", "--device", "h200", "--results", str(tmp_path)]) == 0
+    text = (tmp_path / "cudnn_gap_h200.md").read_text()
+    assert text.startswith("# How far from cuDNN, and why: every benchmark configuration on the H200 (issue 44")
+    assert "`results/bench_fp16_h200.json`" in text and "`results/profile_sweep_h200.json`" in text
+    assert "`python -m flashattn.gap table --device h200`" in text
+    assert "where the fast path runs the Gluon forward (`hopper_fwd_kernel`), it has it" in text
+    assert "Triton 3.6 does not give a kernel written as ours that structure" not in text
+    assert "Triton 3.6 does not give a kernel written as ours that structure" in gap.build_table(RESULTS)
+    steps = gap.recipe("profile_sweep_h200.json")
+    assert steps[-3].startswith("python -m flashattn.gap read results/profile_sweep_h200.json")
+    assert steps[-1] == "python -m flashattn.gap table --device h200" and gap.recipe() == gap.RECIPE
+    with pytest.raises(SystemExit):                  # a device with no results: the files named
+        gap.main(["table", "--device", "h300", "--results", str(tmp_path)])
+    assert "bench_fp16_h300.json" in capsys.readouterr().err
