@@ -13,6 +13,8 @@ import triton
 from flashattn import hopper, settings
 from flashattn.hopper import gluon_api, host
 
+from conftest import DEVICE
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -219,3 +221,50 @@ def test_the_ring_model_holds_the_kernels_parities_and_fails_wrong_ones():
     assert not lesson.ring_is_sound(3, 25, producer_parity=lambda j: (j // 3) & 1)[0]
     ok, why = lesson.ring_is_sound(3, 25, consumer_parity=lambda j: 1)      # a fresh barrier's free phase
     assert not ok and "read slot" in why, why
+
+
+def test_the_backward_preference_reads_its_table(monkeypatch):
+    """``preferred_backward``: the variant of ``BACKWARD_PREFERRED`` for (head dim, causal) from its
+    fewest keys on; none off the table, below it, or under deterministic algorithms (the Gluon
+    backward adds dQ with atomics). The committed table is empty: nothing measured faster yet."""
+    assert hopper.BACKWARD_PREFERRED == {}
+    q, k, _ = _qkv()                                     # D 64
+    assert hopper.preferred_backward(q, k, False) is None
+    monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (k.shape[2], "ws_tma"))
+    assert hopper.preferred_backward(q, k, False) == "ws_tma"
+    assert hopper.preferred_backward(q, k, True) is None                       # another row
+    monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (k.shape[2] + 1, "ws_tma"))
+    assert hopper.preferred_backward(q, k, False) is None                      # too few keys
+    monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (1, "ws_tma"))
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert hopper.preferred_backward(q, k, False) is None
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_the_fast_backward_hands_a_preferred_call_to_the_gluon_backward(monkeypatch):
+    """With a row in ``BACKWARD_PREFERRED`` and ``supports`` agreeing, ``fast_attention_backward``
+    hands a plain call of all three gradients to ``hopper.launch_backward``; a call for dK and dV
+    alone, or one ``supports`` refuses, stays on the ``tl`` kernels."""
+    from flashattn import runtime
+    from flashattn.fast.backward import fast_attention_backward
+
+    if not runtime.INTERPRET and not torch.cuda.is_available():
+        pytest.skip("compiled kernels (TRITON_INTERPRET=0) and no GPU: no kernel can launch here")
+    q, k, v = (t.to(DEVICE) for t in _qkv())            # (the kernels' device: compiled ones take no CPU tensors)
+    o, do, lse = torch.randn_like(q), torch.randn_like(q), torch.zeros(q.shape[:3], device=DEVICE)
+    calls = []
+    monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (1, "ws_tma"))
+    monkeypatch.setattr(hopper, "supports", lambda *a: (True, ""))
+    monkeypatch.setattr(hopper, "launch_backward",
+                        lambda *a, delta: calls.append((a[-1], tuple(delta.shape))) or ("dq", "dk", "dv"))
+    assert fast_attention_backward(q, k, v, o, do, lse, False, 0.125) == ("dq", "dk", "dv")
+    assert calls == [("ws_tma", tuple(q.shape[:3]))]       # with the fast path's delta
+    monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("dK, dV alone went to the Gluon backward"))
+    dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, False, 0.125, needs_dq=False)
+    assert dq is None and dk.shape == k.shape
+    monkeypatch.setattr(hopper, "supports", lambda *a: (False, "not Hopper"))
+    dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, False, 0.125)
+    assert dq.shape == q.shape
+

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import configs, runtime
+from .. import configs, hopper, runtime
 from ..backward import attention_backward_delta, attn_bwd_delta_kernel, delta_launch, delta_meta
 from . import launch, plans, tuning
 from ..features import (dropout_apply, dropout_draws, dropout_keep, dropout_survives, dropout_threshold,
@@ -496,7 +496,13 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     kernels split a head dim of 128 < D <= 192 into 128 + tail columns (``tuning.head_dim_tail``).
     ``layout``, ``window_args``, ``dropout_p``, ``seed``: lesson 09's features, as the forward's.
     A plain fp16/bf16 call of the two kernels replays the launch plan of an earlier call of the
-    same signature (``plans.py``: the host's work done once)."""
+    same signature (``plans.py``: the host's work done once). On Hopper, where ``hopper.BACKWARD_PREFERRED``
+    names a Gluon variant that measured faster (none yet), a plain call of both gradients runs it."""
+    if (hopper.BACKWARD_PREFERRED and fused is not True and needs_dq and needs_dkdv     # (empty: no cost)
+            and plans.covers(q, config, warmup, layout, window_args, dropout_p)):
+        variant = hopper.preferred_backward(q, k, causal)
+        if variant is not None and hopper.supports(q, k, v, causal, scale)[0]:
+            return hopper.launch_backward(q, k, v, o, do, lse, causal, scale, variant, delta=backward_delta(o, do))
     if fused is not True and plans.covers(q, config, warmup, layout, window_args, dropout_p) and plans.enabled():
         inputs = (q, k, v, o, do, lse)
         return plans.replay_or_record(plans.signature(inputs, ("bwd", causal, scale, needs_dq, needs_dkdv)), inputs,

@@ -15,7 +15,9 @@ whether it may run, and why not: it runs only
 
 Anything else belongs to the ``tl`` fast path. ``fast.fast_attention_forward`` runs it for a plain
 fp16/bf16 call where ``preferred`` names a variant (where it measured faster) and ``supports``
-agrees; the backward is the ``tl`` one, on this forward's O and LSE. The kernel is in ``forward.py``; ``offline.py`` compiles it for sm_90
+agrees. The backward is the ``tl`` one, on this forward's O and LSE, except where
+``BACKWARD_PREFERRED`` names a Gluon variant (none yet: ``fast_attention_backward`` asks
+``preferred_backward``). The kernel is in ``forward.py``; ``offline.py`` compiles it for sm_90
 without a GPU and prints its registers, spills and shared memory.
 """
 from __future__ import annotations
@@ -116,6 +118,31 @@ def preferred(q, k, causal: bool):
     return None
 
 
+#: Where the Gluon backward measured faster than the ``tl`` one: (head dim, causal) -> (fewest keys,
+#: variant of ``backward.VARIANTS``). Empty, as measured: on the H200 no variant has beaten the ``tl``
+#: backward yet (best 0.80-0.97x, ``results/gluon_backward_h200.txt``), so the fast path's backward
+#: stays ``tl`` everywhere. A measurement that beats it fills a row, and the fast path then takes it.
+BACKWARD_PREFERRED: dict = {}
+
+
+def preferred_backward(q, k, causal: bool):
+    """The Gluon backward variant to run for inputs of these shapes, or None where the ``tl``
+    backward is faster, or where ``torch.use_deterministic_algorithms`` is on (the Gluon backward
+    adds dQ with atomics). (``supports`` still decides whether it may run.)"""
+    entry = BACKWARD_PREFERRED.get((q.shape[-1], bool(causal)))
+    if entry is None or torch.are_deterministic_algorithms_enabled():
+        return None
+    fewest_keys, variant = entry
+    return variant if k.shape[2] >= fewest_keys else None
+
+
+def launch_backward(q, k, v, o, do, lse, causal: bool, scale: float, variant: str, delta=None):
+    """dQ, dK, dV by ``variant`` of the Gluon backward (``backward.py``), inputs accepted by
+    ``supports`` (the fast path's call). ``delta`` = rowsum(dO * O) where the caller has it."""
+    from . import backward
+    return backward.launch(q, k, v, o, do, lse, causal, scale, variant=variant, delta=delta)
+
+
 def launch_forward(q, k, v, causal: bool, scale: float, variant: str):
     """O and LSE by ``variant``, inputs already accepted by ``supports`` (the fast path's call).
     The kernels' module is imported here, where Gluon is known to be the API it was written for:
@@ -135,4 +162,4 @@ def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     return forward.launch(q, k, v, causal, scale, variant=variant or forward.DEFAULT_VARIANT)
 
 
-__all__ = ["attention_forward", "launch_forward", "preferred", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]
+__all__ = ["attention_forward", "launch_forward", "launch_backward", "preferred", "preferred_backward", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]

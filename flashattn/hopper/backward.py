@@ -1,11 +1,13 @@
 """FlashAttention's backward for Hopper (sm_90) in Gluon (issue 44): one kernel per block of keys
 that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
 
-Measured, not dispatched: the fast path's backward stays the ``tl`` kernels, which are faster. On an
-H200 (2026-11-29, ``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the
-best variant reaches 0.80-0.96x the ``tl`` fast backward and 0.67-0.73x cuDNN's. Correct there:
-``tests/test_hopper_backward_gpu.py`` (every variant, per-head errors against float64 and SDPA,
-dK and dV bit for bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
+Measured; the fast path takes it only where ``hopper.BACKWARD_PREFERRED`` names a variant, and that
+table is empty: the ``tl`` kernels are faster. On an H200 (2026-11-29,
+``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the best variant
+reaches 0.80-0.97x the ``tl`` fast backward and 0.67-0.73x cuDNN's. Correct there:
+``tests/test_hopper_backward_gpu.py`` (per-head errors against float64 and SDPA, dK and dV bit for
+bit across runs; the variants marked below as not yet run excepted). What limits it is in
+``results/gluon_backward_profile_h200.md`` and the later ncu lines of the first file.
 
 Same math as ``flashattn/backward.py``'s dK/dV kernel, turned round as FlashAttention-3 does it: a
 program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product but dQ's) and walks
@@ -477,14 +479,15 @@ def launch_args(q, k, v, do, lse, delta, causal: bool, scale: float, variant: st
 
 
 def launch(q, k, v, o, do, lse, causal: bool, scale: float, *, variant: str | None = None,
-           dq_mode: str = "atomics"):
+           dq_mode: str = "atomics", delta=None):
     """dQ, dK, dV as the ``tl`` fast backward returns them (inputs checked by the caller: the
-    forward's ``flashattn.hopper.supports``, and dO under the same copy-engine rules)."""
-    from ..fast.backward import backward_delta
-
+    forward's ``flashattn.hopper.supports``; dO copied where the copy engine cannot read it).
+    ``delta`` = rowsum(dO * O), [B, H, S_q] fp32: the fast path passes its delta kernel's; without
+    it, torch computes it here (this module does not import the fast path, which imports its caller)."""
     if layout_problem(do, "dO"):          # the copy engine's rules (a stride-0 dO from .sum(), ...)
         do = do.contiguous()
-    delta = backward_delta(o, do)
+    if delta is None:
+        delta = (do.float() * o.float()).sum(-1)
     grid, args, options, dq_acc, dk, dv = launch_args(q, k, v, do, lse.contiguous(), delta.contiguous(),
                                                       causal, scale, variant, dq_mode)
     hopper_bwd_kernel[grid](*args, **options)

@@ -17,7 +17,7 @@ import sys
 import torch, triton, torch.nn.functional as F
 from flashattn import hopper
 from flashattn.hopper import backward as bwd
-from flashattn.fast.backward import fast_attention_backward
+from flashattn.fast.backward import backward_delta, fast_attention_backward
 
 
 def main(dtypes=(torch.bfloat16, torch.float16), variants=()) -> None:
@@ -32,8 +32,8 @@ def main(dtypes=(torch.bfloat16, torch.float16), variants=()) -> None:
                     flops = 10 * B * H * S * S * D / (2 if causal else 1)
                     ms = {}
                     for var in variants or bwd.VARIANTS:
-                        ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
-                                                                             variant=var))
+                        ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5, variant=var,
+                                                                             delta=backward_delta(o, do)))
                     ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
                     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
                     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
@@ -66,7 +66,8 @@ def ablation(variant: str = "inline") -> None:
             q, k, v, o, do, lse = _inputs(torch.bfloat16, B, H, S, D, causal)
             flops = 10 * B * H * S * S * D / (2 if causal else 1)
             ms = {mode: triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5,
-                                                                  variant=variant, dq_mode=mode))
+                                                                  variant=variant, dq_mode=mode,
+                                                                  delta=backward_delta(o, do)))
                   for mode in bwd.DQ_MODES}
             ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
             print(f"bf16 D{D} S{S} {'causal' if causal else 'full'} ({variant}): " +
