@@ -208,7 +208,8 @@ def compare(config: dict, direction: str) -> dict:
 
 
 def short_name(name: str) -> str:
-    for ours, label in (("fast_fwd", "fwd"), ("fast_dq", "dQ"), ("fast_dkdv", "dK/dV"), ("attn_bwd_delta", "delta")):
+    for ours, label in (("fast_fwd", "fwd"), ("fast_dq", "dQ"), ("fast_dkdv", "dK/dV"), ("attn_bwd_delta", "delta"),
+                        ("hopper_fwd", "Gluon fwd"), ("hopper_bwd", "Gluon bwd")):
         if name.startswith(ours):
             return label
     if "fprop" in name or "bprop" in name:
@@ -286,7 +287,8 @@ def build_table(results: Path, device: str = "h100") -> str:
     profile = json.loads((results / names["profile"]).read_text())
     profiled = {(c["D"], c["S"], c["causal"]): c for c in profile["configs"]}
     env = rows[0]["environment"]
-    issue = "issue 13" if device == "h100" else "issue 44: the Gluon forward where the fast path runs it"
+    issue = ("issue 13" if device == "h100" else
+             "issue 44: the Gluon forward where the fast path runs it" if _has_gluon(profile) else "issue 44")
     out = [f"# How far from cuDNN, and why: every benchmark configuration on the {device.upper()} ({issue})", ""]
     out += [f"- **Benchmark:** {env['device']}, torch {env['torch']}, triton {env['triton']}, cuDNN "
             f"{env.get('cudnn')}, {env['date'][:10]}; `results/{names['bench']['fp16']}`, `results/{names['bench']['bf16']}` "
@@ -445,10 +447,9 @@ RECIPE = [
 
 def recipe(profile_name: str = "profile_sweep_h100.json") -> list[str]:
     """``RECIPE`` for a profile written to ``results/<profile_name>`` (``profile_sweep_<device>.json``)."""
-    device = profile_name.removeprefix("profile_sweep_").removesuffix(".json")
     lines = [line.replace("profile_sweep_h100.json", profile_name) for line in RECIPE]
-    if device != "h100":
-        lines[-1] += f" --device {device}"
+    if profile_name.startswith("profile_sweep_") and profile_name.endswith(".json") and profile_name != "profile_sweep_h100.json":
+        lines[-1] += f" --device {profile_name.removeprefix('profile_sweep_').removesuffix('.json')}"
     return lines
 
 

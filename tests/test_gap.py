@@ -189,9 +189,11 @@ def test_another_devices_table_reads_its_own_files_and_names_the_gluon_forward(t
     assert "where the fast path runs the Gluon forward (`hopper_fwd_kernel`), it has it" in text
     assert "Triton 3.6 does not give a kernel written as ours that structure" not in text
     assert "Triton 3.6 does not give a kernel written as ours that structure" in gap.build_table(RESULTS)
+    assert "| 64 | 4096 | no | Gluon fwd |" in text and "cuDNN hopper" not in text      # ours, by its name
     steps = gap.recipe("profile_sweep_h200.json")
     assert steps[-3].startswith("python -m flashattn.gap read results/profile_sweep_h200.json")
     assert steps[-1] == "python -m flashattn.gap table --device h200" and gap.recipe() == gap.RECIPE
+    assert gap.recipe("out.json")[-1] == "python -m flashattn.gap table"           # no device in that name
     with pytest.raises(SystemExit):                  # a device with no results: the files named
         gap.main(["table", "--device", "h300", "--results", str(tmp_path)])
     assert "bench_fp16_h300.json" in capsys.readouterr().err

@@ -264,6 +264,10 @@ def test_the_fast_backward_hands_a_preferred_call_to_the_gluon_backward(monkeypa
     monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("dK, dV alone went to the Gluon backward"))
     dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, False, 0.125, needs_dq=False)
     assert dq is None and dk.shape == k.shape
+    monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("went to the Gluon backward"))
+    with hopper.tl_backward_only():                  # the benchmarks' baseline
+        assert fast_attention_backward(q, k, v, o, do, lse, False, 0.125)[0].shape == q.shape
+    assert hopper.BACKWARD_PREFERRED == {(q.shape[-1], False): (1, "ws_tma")}   # restored
     monkeypatch.setattr(hopper, "supports", lambda *a: (False, "not Hopper"))
     dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, False, 0.125)
     assert dq.shape == q.shape

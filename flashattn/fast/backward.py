@@ -499,7 +499,7 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     same signature (``plans.py``: the host's work done once). On Hopper, where ``hopper.BACKWARD_PREFERRED``
     names a Gluon variant that measured faster (none yet), a plain call of both gradients runs it."""
     if (hopper.BACKWARD_PREFERRED and fused is not True and needs_dq and needs_dkdv     # (empty: no cost)
-            and plans.covers(q, config, warmup, layout, window_args, dropout_p)):
+            and plans.covers(q, config, warmup, layout, window_args, dropout_p) and do.dtype == q.dtype):
         variant = hopper.preferred_backward(q, k, causal)
         if variant is not None and hopper.supports(q, k, v, causal, scale)[0]:
             return hopper.launch_backward(q, k, v, o, do, lse, causal, scale, variant, delta=backward_delta(o, do))

@@ -136,6 +136,18 @@ def preferred_backward(q, k, causal: bool):
     return variant if k.shape[2] >= fewest_keys else None
 
 
+class tl_backward_only:
+    """``with hopper.tl_backward_only():`` the fast path's backward runs the ``tl`` kernels, whatever
+    ``BACKWARD_PREFERRED`` says (a benchmark's baseline: the Gluon backward against the ``tl`` one)."""
+
+    def __enter__(self):
+        self._saved = dict(BACKWARD_PREFERRED)
+        BACKWARD_PREFERRED.clear()
+
+    def __exit__(self, *exc):
+        BACKWARD_PREFERRED.update(self._saved)
+
+
 def launch_backward(q, k, v, o, do, lse, causal: bool, scale: float, variant: str, delta=None):
     """dQ, dK, dV by ``variant`` of the Gluon backward (``backward.py``), inputs accepted by
     ``supports`` (the fast path's call). ``delta`` = rowsum(dO * O) where the caller has it."""
@@ -162,4 +174,5 @@ def attention_forward(q, k, v, causal: bool, scale: float, *, variant=None):
     return forward.launch(q, k, v, causal, scale, variant=variant or forward.DEFAULT_VARIANT)
 
 
-__all__ = ["attention_forward", "launch_forward", "launch_backward", "preferred", "preferred_backward", "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]
+__all__ = ["attention_forward", "launch_forward", "launch_backward", "preferred", "preferred_backward", "tl_backward_only",
+           "supports", "available", "availability", "layout_problem", "descriptor_strides", "HEAD_DIMS", "DTYPES"]

@@ -34,7 +34,8 @@ def main(dtypes=(torch.bfloat16, torch.float16), variants=()) -> None:
                     for var in variants or bwd.VARIANTS:
                         ms[var] = triton.testing.do_bench(lambda: bwd.launch(q, k, v, o, do, lse, causal, D ** -0.5, variant=var,
                                                                              delta=backward_delta(o, do)))
-                    ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
+                    with hopper.tl_backward_only():     # the baseline, whatever BACKWARD_PREFERRED says
+                        ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
                     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
                     with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                         out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
@@ -69,7 +70,8 @@ def ablation(variant: str = "inline") -> None:
                                                                   variant=variant, dq_mode=mode,
                                                                   delta=backward_delta(o, do)))
                   for mode in bwd.DQ_MODES}
-            ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
+            with hopper.tl_backward_only():     # the baseline, whatever BACKWARD_PREFERRED says
+                ms["tl"] = triton.testing.do_bench(lambda: fast_attention_backward(q, k, v, o, do, lse, causal, D ** -0.5))
             print(f"bf16 D{D} S{S} {'causal' if causal else 'full'} ({variant}): " +
                   "  ".join(f"{n} {flops / m / 1e9:.0f}" for n, m in ms.items()) + " TFLOP/s (dQ modes counted as the whole)",
                   flush=True)
