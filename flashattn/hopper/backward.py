@@ -50,8 +50,8 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   of the 3, the barrier pass adds one before dS^T's store and one before the arrive on "empty").
   D 64: 168 registers, no spill; D 128 spills 56-60 bytes ("ws_tma") or 200-276 ("ws_tma3").
 
-delta = rowsum(dO * O) comes from the ``tl`` delta kernel before the launch; dQ is converted from
-its fp32 buffer after it.
+delta = rowsum(dO * O) comes from the caller (the fast path's delta kernel), or from torch in
+``launch``; dQ is converted from its fp32 buffer after it.
 """
 from __future__ import annotations
 
@@ -434,7 +434,7 @@ def block_shapes(head_dim: int) -> dict:
 
 
 def make_descriptor(t: torch.Tensor, block_shape: list):
-    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gl.float32 if t.dtype == torch.float32 else gluon_dtype(t.dtype))
+    layout = gl.NVMMASharedLayout.get_default_for(block_shape, gluon_dtype(t.dtype))
     return gluon_api.TensorDescriptor(t, list(t.shape), descriptor_strides(t), block_shape, layout)
 
 

@@ -344,7 +344,7 @@ def hopper_fwd_kernel(q_desc, k_desc, v_desc, o_desc, LSE, H, GROUP_SIZE, S_q, S
 # host side: descriptors and the launch
 # --------------------------------------------------------------------------------------
 def gluon_dtype(dtype: torch.dtype):
-    return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}[dtype]
+    return {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}[dtype]   # fp32: LSE, delta
 
 
 def block_shapes(head_dim: int, consumers: int = 1) -> dict:
