@@ -119,9 +119,10 @@ def preferred(q, k, causal: bool):
 
 
 #: Where the Gluon backward measured faster than the ``tl`` one: (head dim, causal) -> (fewest keys,
-#: variant of ``backward.VARIANTS``). Empty, as measured: on the H200 no variant has beaten the ``tl``
-#: backward yet (best 0.80-0.97x, ``results/gluon_backward_h200.txt``), so the fast path's backward
-#: stays ``tl`` everywhere. A measurement that beats it fills a row, and the fast path then takes it.
+#: variant of ``backward.VARIANTS``). Empty, as measured: on the H200 the best variant reaches the ``tl``
+#: backward only at D 64 without the mask ("ws_tma3", 0.99-1.02x, within run-to-run spread) and is
+#: 0.79-0.96x elsewhere (``results/gluon_backward_h200.txt``), so the fast path's backward stays ``tl``
+#: everywhere. A measurement that clearly beats it fills a row, and the fast path then takes it.
 BACKWARD_PREFERRED: dict = {}
 
 

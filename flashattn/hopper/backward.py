@@ -2,12 +2,12 @@
 that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
 
 Measured; the fast path takes it only where ``hopper.BACKWARD_PREFERRED`` names a variant, and that
-table is empty: the ``tl`` kernels are faster. On an H200 (2026-11-29,
+table is empty: the ``tl`` kernels are as fast or faster. On an H200 (2026-11-29,
 ``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the best variant
-reaches 0.80-0.97x the ``tl`` fast backward and 0.67-0.73x cuDNN's. Correct there:
+reaches the ``tl`` fast backward at D 64 without the mask ("ws_tma3", 0.99-1.02x), 0.79-0.96x it
+elsewhere, and 0.65-0.77x cuDNN's. Every variant is correct there:
 ``tests/test_hopper_backward_gpu.py`` (per-head errors against float64 and SDPA, dK and dV bit for
-bit across runs; the variants marked below as not yet run excepted). What limits it is in
-``results/gluon_backward_profile_h200.md`` and the later ncu lines of the first file.
+bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
 
 Same math as ``flashattn/backward.py``'s dK/dV kernel, turned round as FlashAttention-3 does it: a
 program holds BLOCK_N = 128 keys (two warpgroups of 64 rows, the M side of every product but dQ's) and walks
@@ -40,15 +40,16 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   tell the slots apart (offline PTX, D 64: 6 per tile against 7). 2-6% slower at D 128, where it
   spills 44-60 bytes; with the lag at D 64, +5-6% on the causal shapes and -1-2% on the others.
   A producer warp in a partition of its own would take those copies' barriers out of the
-  consumers (the barrier pass works within a partition). Their GPU test crashed before the rows
-  were padded (a copy must start on 16 bytes), and has not run since: measured at whole-tile
-  shapes, not yet shown correct.
-- ``WARP_SPECIALIZE`` with ``PREFETCH`` 2 ("ws_tma", "ws_tma3"; compiled offline, not yet run on a
-  GPU): the producer warp brings LSE and delta with Q and dO, so no copy is issued by the
-  consumers and their loop keeps 4 ``bar.sync`` per tile ("ws_tma") or 3 ("ws_tma3": three slots,
-  each released a tile late, after the next tile's barrier) against "tma"'s 7 (offline PTX, D 64;
-  of the 3, the barrier pass adds one before dS^T's store and one before the arrive on "empty").
-  D 64: 168 registers, no spill; D 128 spills 56-60 bytes ("ws_tma") or 200-276 ("ws_tma3").
+  consumers (the barrier pass works within a partition). Their GPU test crashed until each head's
+  rows were padded to whole tiles (a copy must start on 16 bytes); it passes since.
+- ``WARP_SPECIALIZE`` with ``PREFETCH`` 2 ("ws_tma", "ws_tma3"): the producer warp brings LSE and
+  delta with Q and dO, so no copy is issued by the consumers and their loop keeps 4 ``bar.sync``
+  per tile ("ws_tma") or 3 ("ws_tma3": three slots, each released a tile late, after the next
+  tile's barrier) against "tma"'s 7 (offline PTX, D 64; of the 3, the barrier pass adds one before
+  dS^T's store and one before the arrive on "empty"). D 64: 168 registers, no spill, and "ws_tma3"
+  is the fastest variant (0.91-1.02x ``tl``). D 128 spills 56-60 bytes ("ws_tma") or 200-276
+  ("ws_tma3") inside the consumers, which ptxas does give 240 registers (``setmaxnreg``, seen in
+  the SASS): their live set is larger, and both are slower than "prefetch" there.
 
 delta = rowsum(dO * O) comes from the caller (the fast path's delta kernel), or from torch in
 ``launch``; dQ is converted from its fp32 buffer after it.
@@ -80,7 +81,7 @@ VARIANTS = {"inline": (False, 0, False, 2), "ws": (True, 0, False, 2), "prefetch
             "prefetch_lag": (False, 1, True, 2), "tma": (False, 2, False, 2), "tma3": (False, 2, False, 3),
             "tma3_lag": (False, 2, True, 3), "ws_tma": (True, 2, False, 2), "ws_tma3": (True, 2, False, 3)}
 #: the fastest variant at each head dim (results/gluon_backward_h200.txt): what ``launch`` runs unless told
-BEST = {64: "prefetch_lag", 128: "prefetch"}
+BEST = {64: "ws_tma3", 128: "prefetch"}
 #: what the kernel does with dQ (``DQ``), for measuring its cost (variants without DQ_LAG):
 #: 2 the real thing; 1 plain stores in place of atomics; 0 no dQ product at all
 DQ_MODES = {"atomics": 2, "stores": 1, "none": 0}

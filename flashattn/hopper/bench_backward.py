@@ -9,8 +9,8 @@ when causal), as ``bench_common.attention_flops`` counts the backward. Its runs 
     python -m flashattn.hopper.bench_backward --bf16 [variant ...]   # bf16 only, those variants
     python -m flashattn.hopper.bench_backward --ablation [prefetch]  # what dQ costs: the inline (or
         # prefetch) variant with dQ by atomics, by plain stores (a wrong dQ) and without dQ, bf16, S 4k
-    ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu [variant ...]
-        # one launch of each variant (default all; bf16 D128 S4k, full), between cudaProfilerStart and Stop
+    ncu --profile-from-start off --set full -o bwd python -m flashattn.hopper.bench_backward --ncu [D64] [variant ...]
+        # one launch of each variant (default all; bf16 S4k full, D128 or D64), between cudaProfilerStart and Stop
 """
 import sys
 
@@ -77,16 +77,18 @@ def ablation(variant: str = "inline") -> None:
                   flush=True)
 
 
-def ncu_launches(*variants) -> None:
-    """Warm up, then one launch of each variant (default: all) between cudaProfilerStart and cudaProfilerStop."""
-    q, k, v, o, do, lse = _inputs(torch.bfloat16, 4, 16, 4096, 128, False)
-    variants = list(variants or bwd.VARIANTS)
+def ncu_launches(*args) -> None:
+    """Warm up, then one launch of each variant (default: all) between cudaProfilerStart and cudaProfilerStop;
+    bf16, S 4k, full, D 128 unless a ``D64`` among the arguments asks for D 64 (B*S = 16k, H*D = 2048)."""
+    D = 64 if "D64" in args else 128
+    variants = [a for a in args if a not in ("D64", "D128")] or list(bwd.VARIANTS)
+    q, k, v, o, do, lse = _inputs(torch.bfloat16, 4, 2048 // D, 4096, D, False)
     for variant in variants:
-        bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
+        bwd.launch(q, k, v, o, do, lse, False, D ** -0.5, variant=variant)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
     for variant in variants:
-        bwd.launch(q, k, v, o, do, lse, False, 128 ** -0.5, variant=variant)
+        bwd.launch(q, k, v, o, do, lse, False, D ** -0.5, variant=variant)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStop()
 

@@ -14,10 +14,14 @@ from typing import Callable, Optional
 RESULTS = Path(__file__).resolve().parents[2] / "results" / "gluon_forward_h200.json"
 #: the committed benchmark of the backward's variants and its dQ ablation (``python -m flashattn.hopper.bench_backward``)
 BACKWARD_RESULTS = RESULTS.parent / "gluon_backward_h200.json"
-#: the fastest Gluon backward variant at each head dim (``flashattn.hopper.backward.BEST``; a GPU test compares them)
-BACKWARD_BEST = {64: "prefetch_lag", 128: "prefetch"}
+#: the fastest Gluon backward variant at each head dim (``flashattn.hopper.backward.BEST``; a test compares them)
+BACKWARD_BEST = {64: "ws_tma3", 128: "prefetch"}
+#: the fastest of the first run's variants (``variants`` in the backward's results), before the producer-warp rows
+FIRST_RUN_BEST = {64: "prefetch_lag", 128: "prefetch"}
 #: the backward's providers, in the lesson's order: three Gluon variants, then the tl backward and cuDNN's
 BACKWARD_PROVIDERS = ("inline", "prefetch", "prefetch_lag", "tl", "cudnn")
+#: the later run's providers (``producer_warp_rows``): the prefetch, the producer-warp variants, tl, cuDNN
+PRODUCER_WARP_PROVIDERS = ("prefetch", "ws", "ws_tma", "ws_tma3", "tl", "cudnn")
 #: providers in the order the lesson names them: the tl kernel, the Gluon variants, the references
 PROVIDERS = ("tl-fast", "gluon-inline", "gluon-ws", "gluon-ws2", "gluon-pingpong", "sdpa-cudnn", "sdpa-flash")
 
@@ -68,14 +72,14 @@ def backward_results(path: Path = BACKWARD_RESULTS) -> dict:
 
 def plot_backward(rows: list, providers=BACKWARD_PROVIDERS, ax=None):
     """Grouped bars: each provider's backward TFLOP/s per shape (the Gluon variants in blues, the
-    ``tl`` backward grey, cuDNN's orange)."""
+    producer-warp ones in greens, the ``tl`` backward grey, cuDNN's orange)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(13, 4.2))
     width = 0.8 / len(providers)
-    colors = {"inline": "#c6dbef", "prefetch": "#6baed6", "prefetch_lag": "#08306b", "tl": "#777777",
-              "cudnn": "#fd8d3c"}
+    colors = {"inline": "#c6dbef", "prefetch": "#6baed6", "prefetch_lag": "#08306b", "ws": "#c7e9c0",
+              "ws_tma": "#74c476", "ws_tma3": "#238b45", "tl": "#777777", "cudnn": "#fd8d3c"}
     for i, p in enumerate(providers):
         ax.bar([x + (i - len(providers) / 2 + 0.5) * width for x in range(len(rows))], [r["tflops"][p] for r in rows],
                width, label=p, color=colors.get(p), edgecolor="white", linewidth=0.3)
