@@ -68,6 +68,9 @@ METRICS = {
 OUR_KERNELS = ("fast_", "attn_bwd_", "hopper_")
 #: Our forward kernels: each profiled configuration starts at one of them.
 FORWARD_KERNELS = ("fast_fwd_kernel", "hopper_fwd_kernel")
+#: PyTorch's own elementwise kernels: ours where they come before cuDNN's forward (the Gluon backward
+#: zeroes its fp32 dQ buffer and converts it with them), cuDNN's after it.
+TORCH_KERNELS = ("void at::",)
 #: A unit counts as saturated from these shares of its peak on.
 BOUND_AT = {"dram_pct": 60.0, "tensor_pipe_pct": 80.0, "issue_active_pct": 70.0}
 UNITS = {"dram_pct": "memory bandwidth", "tensor_pipe_pct": "tensor pipe", "issue_active_pct": "instruction issue"}
@@ -127,7 +130,8 @@ def group_kernels(kernels: list[dict], manifest: dict) -> list[dict]:
     out = []
     for config, a, b in zip(manifest["configs"], starts, starts[1:] + [len(kernels)]):
         group = kernels[a:b]
-        first_cudnn = next((j for j, k in enumerate(group) if not k["name"].startswith(OUR_KERNELS)), None)
+        first_cudnn = next((j for j, k in enumerate(group) if not k["name"].startswith(OUR_KERNELS + TORCH_KERNELS)),
+                           None)
         if (first_cudnn is None or first_cudnn < 2 or first_cudnn == len(group) - 1
                 or "fprop" not in group[first_cudnn]["name"]
                 or any(k["name"].startswith(OUR_KERNELS) for k in group[first_cudnn:])):
@@ -212,6 +216,8 @@ def short_name(name: str) -> str:
                         ("hopper_fwd", "Gluon fwd"), ("hopper_bwd", "Gluon bwd")):
         if name.startswith(ours):
             return label
+    if name.startswith(TORCH_KERNELS):
+        return "torch " + name.split("(")[0].split("::")[-1].split("<")[0]   # void at::f<...> -> f
     if "fprop" in name or "bprop" in name:
         return "cuDNN " + ("fprop" if "fprop" in name else "bprop")
     return "cuDNN " + name.split("(")[0].split("::")[-1].split("<")[0]   # void cudnn::f<...>(args) -> f
@@ -353,17 +359,24 @@ def reading(rows: list[dict], profile: dict) -> list[str]:
             f"{_span([k['issue_active_pct'] for k in ours], 0)}% against {_span([k['issue_active_pct'] for k in theirs], 0)}%, "
             f"warps ready per scheduler {_span([k['warps_eligible_per_scheduler'] for k in ours])} against "
             f"{_span([k['warps_eligible_per_scheduler'] for k in theirs])}.")
-        for label, group in (("S = 1k", [c for c in configs if c["S"] <= 1024]),
-                             ("S >= 4k", [c for c in configs if c["S"] > 1024])):
+        for label, group in (("S = 1k", [c for c in configs if c["S"] <= 1024 and not _gluon_backward(c)]),
+                             ("S >= 4k", [c for c in configs if c["S"] > 1024 and not _gluon_backward(c)]),
+                             ("the Gluon backward", [c for c in configs if _gluon_backward(c)])):
             bwd = [compare(c, "bwd") for c in group]
             if not bwd:
                 continue
+            shapes = {(c["S"], c["causal"]) for c in group}
             bench_bwd = [r["vs_cudnn"] for r in rows if r["D"] == D and r["direction"] == "bwd"
-                         and (r["S"] <= 1024) == (label == "S = 1k")]
+                         and (r["S"], r["causal"]) in shapes]
+            where = label if label != "the Gluon backward" else (
+                "the Gluon backward (" + ", ".join(f"S = {S // 1024}k{' causal' if causal else ''}"
+                                                   for S, causal in sorted(shapes)) + ")")
             lines.append(
-                f"- **D = {D} backward, {label}** ({_span(bench_bwd)}x cuDNN in the benchmark): "
-                f"{_span([c['flop_ratio'] for c in bwd])}x cuDNN's tensor FLOPs (seven matrix products against "
-                f"five) at {_span([c['rate_ratio'] for c in bwd])}x its rate in the matrix kernels; at equal rates "
+                f"- **D = {D} backward, {where}** ({_span(bench_bwd)}x cuDNN in the benchmark): "
+                f"{_span([c['flop_ratio'] for c in bwd])}x cuDNN's tensor FLOPs "
+                + ("(one kernel: the same five matrix products) " if label == "the Gluon backward" else
+                   "(seven matrix products against five) ")
+                + f"at {_span([c['rate_ratio'] for c in bwd])}x its rate in the matrix kernels; at equal rates "
                 f"the FLOPs alone would put them at {_span([1 / c['flop_ratio'] for c in bwd])}x. The small "
                 f"kernels take {_span([c['other_ms'][0] for c in bwd])} ms of ours against "
                 f"{_span([c['other_ms'][1] for c in bwd])} ms of cuDNN's.")
@@ -400,8 +413,26 @@ def reading(rows: list[dict], profile: dict) -> list[str]:
               "the two-kernel design adds work on top: the dQ kernel recomputes S = QK^T and dP = dO V^T, "
               "which cuDNN's single kernel avoids by adding dQ with atomics; this package's single kernel "
               "(`backward=\"fused\"`) has the five products but spills at 255 registers and measured slower "
-              "(notebook 06).", ""]
+              "(notebook 06)." + _gluon_backward_reading(profile), ""]
     return lines
+
+
+def _gluon_backward_reading(profile: dict) -> str:
+    """The closing paragraph's sentence on the Gluon backward, where the sweep ran it (else nothing)."""
+    gluon = [compare(c, "bwd") for c in profile["configs"] if _gluon_backward(c)]
+    if not gluon:
+        return ""
+    stalls = sorted({top_stalls(k, 1)[0][0].replace("_", " ") for c in gluon for k in c["ours_matrix"]})
+    return (" Where the fast path runs the Gluon backward (`hopper_bwd_kernel`), that extra work is gone: one "
+            f"kernel with cuDNN's five products ({_span([c['flop_ratio'] for c in gluon])}x its tensor FLOPs). "
+            f"It runs them at {_span([c['rate_ratio'] for c in gluon])}x cuDNN's rate, its largest stall "
+            f"{' / '.join(stalls)}: its two consumer warpgroups meet at CTA barriers that Triton's barrier pass "
+            "places around the shared-memory tiles they exchange (`results/gluon_backward_profile_h200.md`).")
+
+
+def _gluon_backward(config: dict) -> bool:
+    """Whether this configuration's backward ran the Gluon kernel (``BACKWARD_PREFERRED``'s rows)."""
+    return any(k["part"] == "ours bwd" and k["name"].startswith("hopper_bwd") for k in config["kernels"])
 
 
 def _has_gluon(profile: dict) -> bool:

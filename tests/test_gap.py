@@ -91,6 +91,21 @@ def test_verdict_names_a_unit_only_past_its_bound():
     assert gap.verdict(missing) == ("not measured", "ncu did not collect warps_eligible_per_scheduler")
 
 
+def test_pytorchs_elementwise_kernels_inside_our_backward_are_ours(tmp_path):
+    """Where the fast path runs the Gluon backward, PyTorch zeroes its fp32 dQ buffer and converts it
+    (``void at::...`` kernels) between our delta and cuDNN's forward: those count as ours, by name."""
+    names = ["hopper_fwd_kernel", "attn_bwd_delta_kernel", "void at::native::vectorized_elementwise_kernel<4>",
+             "hopper_bwd_kernel", "void at::native::vectorized_elementwise_kernel<8>",
+             "cudnn_generated_sm90_flash_fprop", "cudnn_dot_do_o", "cudnn_sm90_flash_bprop", "cudnn_convert_dq"]
+    path = tmp_path / "raw.csv"
+    path.write_text(ncu_csv([kernel_row(i, n, duration_ns=1000.0) for i, n in enumerate(names)]))
+    (group, ) = gap.group_kernels(gap.read_ncu_csv(path), {"configs": [dict(D=64, S=4096, causal=True)]})
+    assert [k["part"] for k in group["kernels"]] == ["ours fwd"] + ["ours bwd"] * 4 + ["cudnn fwd"] + ["cudnn bwd"] * 3
+    assert gap._gluon_backward(group)
+    assert gap.short_name(group["kernels"][2]["name"]) == "torch vectorized_elementwise_kernel"
+    assert gap.short_name("hopper_bwd_kernel") == "Gluon bwd"
+
+
 def test_a_stray_kernel_inside_a_configuration_is_an_error():
     rows = config_kernels(0)
     rows.insert(2, kernel_row(99, "vectorized_elementwise_kernel", duration_ns=10.0))   # inside our backward
@@ -148,6 +163,15 @@ def test_committed_table_is_the_committed_data():
     """results/cudnn_gap_h100.md is what `python -m flashattn.gap table` makes of the committed
     benchmark and profile: edit the data and regenerate, never the table by hand."""
     assert (RESULTS / "cudnn_gap_h100.md").read_text() == gap.build_table(RESULTS)
+
+
+def test_committed_h200_table_is_the_committed_data():
+    """results/cudnn_gap_h200.md likewise, from the H200's files; its sweep ran the Gluon backward
+    (the fast path's at D 64 causal from 4k keys), and the table says what that kernel's counters show."""
+    text = (RESULTS / "cudnn_gap_h200.md").read_text()
+    assert text == gap.build_table(RESULTS, "h200")
+    assert "D = 64 backward, the Gluon backward (S = 4k causal, S = 16k causal)" in text
+    assert "Where the fast path runs the Gluon backward (`hopper_bwd_kernel`), that extra work is gone" in text
 
 
 def test_profile_covers_every_benchmark_configuration():

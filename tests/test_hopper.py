@@ -228,13 +228,19 @@ def test_the_ring_model_holds_the_kernels_parities_and_fails_wrong_ones():
 def test_the_backward_preference_reads_its_table(monkeypatch):
     """``preferred_backward``: the variant of ``BACKWARD_PREFERRED`` for (head dim, causal) from its
     fewest keys on; none off the table, below it, or under deterministic algorithms (the Gluon
-    backward adds dQ with atomics). The committed table is empty: nothing measured faster yet."""
-    assert hopper.BACKWARD_PREFERRED == {}
+    backward adds dQ with atomics). The committed table has the one row that measured faster: D 64
+    causal from 4k keys."""
+    assert hopper.BACKWARD_PREFERRED == {(64, True): (4096, "ws_tma")}
     q, k, _ = _qkv()                                     # D 64
     assert hopper.preferred_backward(q, k, False) is None
+    assert hopper.preferred_backward(q, k, True) is None                       # too few keys for the row
+    long_k = k.new_zeros(k.shape[0], k.shape[1], 4096, k.shape[3])
+    assert hopper.preferred_backward(q, long_k, True) == "ws_tma"
+    assert hopper.preferred_backward(q, long_k, False) is None
+    assert hopper.preferred_backward(torch.zeros(1, 1, 8, 128), torch.zeros(1, 1, 4096, 128), True) is None
     monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (k.shape[2], "ws_tma"))
     assert hopper.preferred_backward(q, k, False) == "ws_tma"
-    assert hopper.preferred_backward(q, k, True) is None                       # another row
+    assert hopper.preferred_backward(q, k, True) is None                       # another row, too few keys
     monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (k.shape[2] + 1, "ws_tma"))
     assert hopper.preferred_backward(q, k, False) is None                      # too few keys
     monkeypatch.setitem(hopper.BACKWARD_PREFERRED, (q.shape[-1], False), (1, "ws_tma"))
@@ -269,7 +275,7 @@ def test_the_fast_backward_hands_a_preferred_call_to_the_gluon_backward(monkeypa
     monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("went to the Gluon backward"))
     with hopper.tl_backward_only():                  # the benchmarks' baseline
         assert fast_attention_backward(q, k, v, o, do, lse, False, 0.125)[0].shape == q.shape
-    assert hopper.BACKWARD_PREFERRED == {(q.shape[-1], False): (1, "ws_tma")}   # restored
+    assert hopper.BACKWARD_PREFERRED == {(64, True): (4096, "ws_tma"), (q.shape[-1], False): (1, "ws_tma")}  # restored
     monkeypatch.setattr(hopper, "supports", lambda *a: (False, "not Hopper"))
     dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, False, 0.125)
     assert dq.shape == q.shape

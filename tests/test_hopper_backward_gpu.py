@@ -1,4 +1,4 @@
-"""The Gluon backward (flashattn.hopper.backward: measured, not dispatched) on a Hopper GPU: dQ, dK, dV
+"""The Gluon backward (flashattn.hopper.backward: the fast path's backward at D 64 causal from 4k keys) on a Hopper GPU: dQ, dK, dV
 against the float64 reference per head, allowed twice SDPA's own error on the same inputs (at most
 the dtype's tolerance). Skips wherever ``flashattn.hopper.available()`` is false."""
 import pytest
@@ -73,7 +73,7 @@ def test_bad_arguments_are_refused_with_the_choices():
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_training_through_the_drop_in_with_a_preferred_gluon_backward(monkeypatch, causal):
-    """A row of ``hopper.BACKWARD_PREFERRED`` (empty as committed) sends the fast path's backward to
+    """A row of ``hopper.BACKWARD_PREFERRED`` (here one set by the test) sends the fast path's backward to
     that Gluon variant ("prefetch", one that has passed its battery): SDPA's drop-in trains through
     it, K and V as a slice of a wider tensor's heads (GQA 2:1), gradients per head against float64."""
     import flashattn
@@ -97,3 +97,29 @@ def test_training_through_the_drop_in_with_a_preferred_gluon_backward(monkeypatc
         leaves[0].grad = None
         flashattn.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=True).backward(do)
     assert calls == ["prefetch"] and hopper.BACKWARD_PREFERRED[(64, causal)] == (1, "prefetch")
+
+
+def test_the_committed_row_runs_in_training_with_the_right_gradients():
+    """As committed, ``BACKWARD_PREFERRED`` sends a causal D 64 backward of 4k keys to "ws_tma":
+    SDPA's drop-in trains through it (odd query count, GQA 2:1), gradients per head against float64;
+    the same call with fewer keys than the row's stays on the tl kernels."""
+    import flashattn
+    from flashattn.hopper import backward as bwd
+
+    fewest, variant = hopper.BACKWARD_PREFERRED[(64, True)]
+    calls = []
+    real = bwd.launch
+    bwd_launch = lambda *a, **kw: calls.append(kw["variant"]) or real(*a, **kw)      # noqa: E731
+    for S_q, S_k, expected in ((fewest - 3, fewest, [variant]), (fewest - 3, fewest - 64, [])):
+        calls.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(bwd, "launch", bwd_launch)
+            q, do = rand(1, 4, S_q, 64, dtype=torch.bfloat16), rand(1, 4, S_q, 64, dtype=torch.bfloat16)
+            k, v = rand(1, 2, S_k, 64, dtype=torch.bfloat16), rand(1, 2, S_k, 64, dtype=torch.bfloat16)
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            flashattn.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True).backward(do)
+        assert calls == expected, (S_k, calls)
+        ref = reference(q, k, v, do, causal=True)
+        for name, got in (("dQ", leaves[0].grad), ("dK", leaves[1].grad), ("dV", leaves[2].grad)):
+            err = per_head_error(got, ref[name], HEAD_NORM_FLOOR)
+            assert float(err.max()) < TOL[torch.bfloat16], f"{name} (S_k {S_k}): worst head rel err {float(err.max()):.2e}"

@@ -16,8 +16,8 @@ whether it may run, and why not: it runs only
 Anything else belongs to the ``tl`` fast path. ``fast.fast_attention_forward`` runs it for a plain
 fp16/bf16 call where ``preferred`` names a variant (where it measured faster) and ``supports``
 agrees. The backward is the ``tl`` one, on this forward's O and LSE, except where
-``BACKWARD_PREFERRED`` names a Gluon variant (none yet: ``fast_attention_backward`` asks
-``preferred_backward``). The kernel is in ``forward.py``; ``offline.py`` compiles it for sm_90
+``BACKWARD_PREFERRED`` names a Gluon variant (D 64 causal from 4k keys: ``fast_attention_backward``
+asks ``preferred_backward``). The kernel is in ``forward.py``; ``offline.py`` compiles it for sm_90
 without a GPU and prints its registers, spills and shared memory.
 """
 from __future__ import annotations
@@ -119,11 +119,11 @@ def preferred(q, k, causal: bool):
 
 
 #: Where the Gluon backward measured faster than the ``tl`` one: (head dim, causal) -> (fewest keys,
-#: variant of ``backward.VARIANTS``). Empty, as measured: on the H200 the best variant reaches the ``tl``
-#: backward only at D 64 without the mask ("ws_tma3", 0.99-1.02x, within run-to-run spread) and is
-#: 0.79-0.96x elsewhere (``results/gluon_backward_h200.txt``), so the fast path's backward stays ``tl``
-#: everywhere. A measurement that clearly beats it fills a row, and the fast path then takes it.
-BACKWARD_PREFERRED: dict = {}
+#: variant of ``backward.VARIANTS``). On the H200 (``results/gluon_backward_h200.txt``): D 64 with the
+#: causal mask, "ws_tma" (a producer warp, the mask on diagonal and edge tiles only), 1.00-1.02x the
+#: ``tl`` backward at 4k keys and 1.05-1.09x at 16k. Elsewhere ``tl`` stays: the best variant is
+#: 0.98-1.03x at D 64 without the mask (within run-to-run spread) and 0.79-0.92x at D 128.
+BACKWARD_PREFERRED: dict = {(64, True): (4096, "ws_tma")}
 
 
 def preferred_backward(q, k, causal: bool):

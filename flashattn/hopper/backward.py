@@ -1,11 +1,11 @@
 """FlashAttention's backward for Hopper (sm_90) in Gluon (issue 44): one kernel per block of keys
 that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
 
-Measured; the fast path takes it only where ``hopper.BACKWARD_PREFERRED`` names a variant, and that
-table is empty: the ``tl`` kernels are as fast or faster. On an H200 (2026-11-29,
-``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the best variant
-reaches the ``tl`` fast backward at D 64 without the mask ("ws_tma3", 0.99-1.02x), 0.79-0.96x it
-elsewhere, and 0.65-0.77x cuDNN's. Every variant is correct there:
+The fast path takes it where ``hopper.BACKWARD_PREFERRED`` names a variant: D 64 with the causal
+mask from 4k keys ("ws_tma", 1.00-1.09x the ``tl`` backward). On an H200 (2026-11-29,
+``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the best variant is
+0.98-1.03x the ``tl`` fast backward at D 64 without the mask, 0.79-0.92x at D 128, and 0.65-0.82x
+cuDNN's throughout. Every variant is correct there:
 ``tests/test_hopper_backward_gpu.py`` (per-head errors against float64 and SDPA, dK and dV bit for
 bit across runs). What limits it is in ``results/gluon_backward_profile_h200.md``.
 
@@ -46,10 +46,16 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   delta with Q and dO, so no copy is issued by the consumers and their loop keeps 4 ``bar.sync``
   per tile ("ws_tma") or 3 ("ws_tma3": three slots, each released a tile late, after the next
   tile's barrier) against "tma"'s 7 (offline PTX, D 64; of the 3, the barrier pass adds one before
-  dS^T's store and one before the arrive on "empty"). D 64: 168 registers, no spill, and "ws_tma3"
-  is the fastest variant (0.91-1.02x ``tl``). D 128 spills 56-60 bytes ("ws_tma") or 200-276
+  dS^T's store and one before the arrive on "empty"). D 64: 168 registers, no spill; "ws_tma3" is
+  the fastest variant without the mask (0.98-1.03x ``tl``), "ws_tma" with it (1.00-1.09x, with the
+  mask on edge tiles only, below). D 128 spills 56-60 bytes ("ws_tma") or 200-276
   ("ws_tma3") inside the consumers, which ptxas does give 240 registers (``setmaxnreg``, seen in
   the SASS): their live set is larger, and both are slower than "prefetch" there.
+
+At D 64 with the causal mask only the tiles on the diagonal or an edge compute the mask: the others
+skip 32 compares and selects per thread. On the H200 that bought 11-16% there ("ws_tma", "ws_tma3");
+without the mask the same branch cost 1-14% (its few edge tiles do not pay for what the branch does
+to the schedule), and at D 128 it spills, so those keep the mask on every tile.
 
 delta = rowsum(dO * O) comes from the caller (the fast path's delta kernel), or from torch in
 ``launch``; dQ is converted from its fp32 buffer after it.
@@ -187,6 +193,15 @@ def _add_dq(dq, DQ_ACC, row, start_m, S_q, scale, col0, HEAD_DIM: gl.constexpr, 
 
 
 @gluon.jit
+def _masked(pt, row_ok, key_ok, offs_m, offs_n, CAUSAL: gl.constexpr):
+    """P^T with zeros where a key lies past S_k, a query row past S_q, or (causal) a key after its query."""
+    visible = row_ok[None, :] & key_ok[:, None]
+    if CAUSAL:
+        visible = visible & (offs_n[:, None] <= offs_m[None, :])
+    return gl.where(visible, pt, 0.0)
+
+
+@gluon.jit
 def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
               stride_dk_b, stride_dk_h, stride_dk_s, stride_dv_b, stride_dv_h, stride_dv_s,
               k_smem, v_smem, q_smem, do_smem, ds_smem, rows_smem, kv_bar, ready, empty,
@@ -296,10 +311,15 @@ def _consumer(q_desc, do_desc, LSE, DELTA, LSE_DESC, DELTA_DESC, DQ_ACC, DK, DV,
             # ptxas serialises every wgmma if the loop's carried accumulator is read behind a partial wait.)
             dq_prev = warpgroup_mma_wait(num_outstanding=0, deps=(dq_lag, ))
         st = warpgroup_mma_wait(num_outstanding=1, deps=(st, ))
-        visible = row_ok[None, :] & key_ok[:, None]
-        if CAUSAL:
-            visible = visible & (offs_n[:, None] <= offs_m[None, :])
-        pt = gl.where(visible, gl.exp2(st * qk_scale - lse2[None, :]), 0.0)
+        pt = gl.exp2(st * qk_scale - lse2[None, :])
+        if CAUSAL and HEAD_DIM == 64:   # only tiles on the diagonal or an edge take the mask
+            # Interior tiles skip 32 compares and selects per thread. On the H200 this bought 11-16% on D 64's
+            # causal shapes; without the mask (few edge tiles) the branch cost 1-14%, and at D 128 it spills.
+            edge = (start_m + BLOCK_M > S_q) | (start_n + BLOCK_N > S_k) | (start_n + BLOCK_N - 1 > start_m)
+            if edge:
+                pt = _masked(pt, row_ok, key_ok, offs_m, offs_n, CAUSAL)
+        else:
+            pt = _masked(pt, row_ok, key_ok, offs_m, offs_n, CAUSAL)
         pt_op = gl.convert_layout(pt.to(dtype), op_layout)
         dv = warpgroup_mma(pt_op, do, dv, is_async=True)                                     # dV += P^T dO
         if DQ_LAG:      # tile t - 1's dQ goes out while the dV product runs
