@@ -122,7 +122,9 @@ def group_kernels(kernels: list[dict], manifest: dict) -> list[dict]:
     with its part. ``nsight.main_sweep`` launches, per configuration: our forward
     (``fast_fwd_kernel``, or on Hopper ``hopper_fwd_kernel`` where the fast path takes the Gluon
     forward), our backward's kernels, cuDNN's forward (one kernel, named ``...fprop...``), cuDNN's
-    backward. Anything else in between (a stray PyTorch kernel, say) is an error, not a guess."""
+    backward. PyTorch's own kernels (``TORCH_KERNELS``) before cuDNN's forward count as our
+    backward's (the Gluon backward zeroes and converts its dQ with them); any other kernel in
+    between is an error, not a guess."""
     starts = [i for i, k in enumerate(kernels) if k["name"].startswith(FORWARD_KERNELS)]
     if len(starts) != len(manifest["configs"]):
         raise ValueError(f"expected {len(manifest['configs'])} profiled configurations (one of our forward "
@@ -216,8 +218,10 @@ def short_name(name: str) -> str:
                         ("hopper_fwd", "Gluon fwd"), ("hopper_bwd", "Gluon bwd")):
         if name.startswith(ours):
             return label
-    if name.startswith(TORCH_KERNELS):
-        return "torch " + name.split("(")[0].split("::")[-1].split("<")[0]   # void at::f<...> -> f
+    if name.startswith(TORCH_KERNELS):     # void at::f<4, at::FillFunctor<float>, ...> -> FillFunctor (what it does)
+        template = name.split("<", 1)[1].split(",") if "<" in name else []
+        what = template[1] if len(template) > 1 else name.removeprefix("void ").split("<")[0]
+        return "torch " + what.strip().split("<")[0].split("(")[0].split("::")[-1]
     if "fprop" in name or "bprop" in name:
         return "cuDNN " + ("fprop" if "fprop" in name else "bprop")
     return "cuDNN " + name.split("(")[0].split("::")[-1].split("<")[0]   # void cudnn::f<...>(args) -> f
@@ -293,8 +297,9 @@ def build_table(results: Path, device: str = "h100") -> str:
     profile = json.loads((results / names["profile"]).read_text())
     profiled = {(c["D"], c["S"], c["causal"]): c for c in profile["configs"]}
     env = rows[0]["environment"]
+    gluon = " and backward" if any(_gluon_backward(c) for c in profile["configs"]) else ""
     issue = ("issue 13" if device == "h100" else
-             "issue 44: the Gluon forward where the fast path runs it" if _has_gluon(profile) else "issue 44")
+             f"issue 44: the Gluon forward{gluon} where the fast path runs it" if _has_gluon(profile) else "issue 44")
     out = [f"# How far from cuDNN, and why: every benchmark configuration on the {device.upper()} ({issue})", ""]
     out += [f"- **Benchmark:** {env['device']}, torch {env['torch']}, triton {env['triton']}, cuDNN "
             f"{env.get('cudnn')}, {env['date'][:10]}; `results/{names['bench']['fp16']}`, `results/{names['bench']['bf16']}` "
@@ -423,11 +428,13 @@ def _gluon_backward_reading(profile: dict) -> str:
     if not gluon:
         return ""
     stalls = sorted({top_stalls(k, 1)[0][0].replace("_", " ") for c in gluon for k in c["ours_matrix"]})
+    why = ("; besides a warpgroup waiting for its own products, that includes its two consumer warpgroups "
+           "meeting at the CTA barriers that Triton's barrier pass places around the shared-memory tiles they "
+           "exchange" if stalls == ["barrier"] else "")
     return (" Where the fast path runs the Gluon backward (`hopper_bwd_kernel`), that extra work is gone: one "
             f"kernel with cuDNN's five products ({_span([c['flop_ratio'] for c in gluon])}x its tensor FLOPs). "
             f"It runs them at {_span([c['rate_ratio'] for c in gluon])}x cuDNN's rate, its largest stall "
-            f"{' / '.join(stalls)}: its two consumer warpgroups meet at CTA barriers that Triton's barrier pass "
-            "places around the shared-memory tiles they exchange (`results/gluon_backward_profile_h200.md`).")
+            f"{' / '.join(stalls)}{why} (`results/gluon_backward_profile_h200.md`).")
 
 
 def _gluon_backward(config: dict) -> bool:

@@ -94,15 +94,17 @@ def test_verdict_names_a_unit_only_past_its_bound():
 def test_pytorchs_elementwise_kernels_inside_our_backward_are_ours(tmp_path):
     """Where the fast path runs the Gluon backward, PyTorch zeroes its fp32 dQ buffer and converts it
     (``void at::...`` kernels) between our delta and cuDNN's forward: those count as ours, by name."""
-    names = ["hopper_fwd_kernel", "attn_bwd_delta_kernel", "void at::native::vectorized_elementwise_kernel<4>",
-             "hopper_bwd_kernel", "void at::native::vectorized_elementwise_kernel<8>",
+    names = ["hopper_fwd_kernel", "attn_bwd_delta_kernel",         # ncu's names, as in the H200's sweep
+             "void at::vectorized_elementwise_kernel<4, at::FillFunctor<float>, std::array<char *, 1>>",
+             "hopper_bwd_kernel", "void at::vectorized_elementwise_kernel<8, at::float16_copy_kernel_cuda",
              "cudnn_generated_sm90_flash_fprop", "cudnn_dot_do_o", "cudnn_sm90_flash_bprop", "cudnn_convert_dq"]
     path = tmp_path / "raw.csv"
     path.write_text(ncu_csv([kernel_row(i, n, duration_ns=1000.0) for i, n in enumerate(names)]))
     (group, ) = gap.group_kernels(gap.read_ncu_csv(path), {"configs": [dict(D=64, S=4096, causal=True)]})
     assert [k["part"] for k in group["kernels"]] == ["ours fwd"] + ["ours bwd"] * 4 + ["cudnn fwd"] + ["cudnn bwd"] * 3
     assert gap._gluon_backward(group)
-    assert gap.short_name(group["kernels"][2]["name"]) == "torch vectorized_elementwise_kernel"
+    assert gap.short_name(group["kernels"][2]["name"]) == "torch FillFunctor"
+    assert gap.short_name(group["kernels"][4]["name"]) == "torch float16_copy_kernel_cuda"
     assert gap.short_name("hopper_bwd_kernel") == "Gluon bwd"
 
 

@@ -172,19 +172,23 @@ def test_lse_and_delta_are_padded_to_whole_tiles_for_the_copy_engine():
 
 
 def test_the_backward_compiles_for_sm90_without_a_gpu():
-    """The Gluon backward's fastest variant at each head dim (``backward.BEST``) compiles for sm_90
-    under the Triton it was written for, without a spill when there is no mask (causal, the D 128
-    one spills 12 bytes: results/gluon_backward_profile_h200.md). Elsewhere there is nothing to compile."""
+    """The Gluon backward's fastest variant at each head dim (``backward.BEST``, without the mask: causal,
+    the D 128 one spills 12 bytes, results/gluon_backward_profile_h200.md) and every variant the fast
+    path dispatches (``hopper.BACKWARD_PREFERRED``, with its mask) compile for sm_90 under the Triton
+    they were written for, without a spill. Elsewhere there is nothing to compile."""
     if not gluon_api.ok():
         pytest.skip(f"Gluon API: {gluon_api.ERROR}")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(ROOT))
     from flashattn.hopper import backward as bwd
 
-    for D, variant in sorted(bwd.BEST.items()):
+    compiles = [(D, "full", variant) for D, variant in sorted(bwd.BEST.items())]
+    compiles += [(D, "causal" if causal else "full", variant)                 # what the fast path dispatches
+                 for (D, causal), (_, variant) in sorted(hopper.BACKWARD_PREFERRED.items())]
+    for D, mask, variant in compiles:
         out = subprocess.run([sys.executable, "-m", "flashattn.hopper.offline", "--backward", "--only", "bf16",
-                              f"D{D}", "full", variant], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+                              f"D{D}", mask, variant], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
-        rows = [line for line in out.stdout.splitlines() if line.startswith(f"bwd bf16 D{D} full {variant} ")]
+        rows = [line for line in out.stdout.splitlines() if line.startswith(f"bwd bf16 D{D} {mask} {variant} ")]
         assert len(rows) == 1 and "spill 0/0" in rows[0], out.stdout
 
 
@@ -254,7 +258,8 @@ def test_the_backward_preference_reads_its_table(monkeypatch):
 def test_the_fast_backward_hands_a_preferred_call_to_the_gluon_backward(monkeypatch):
     """With a row in ``BACKWARD_PREFERRED`` and ``supports`` agreeing, ``fast_attention_backward``
     hands a plain call of all three gradients to ``hopper.launch_backward``; a call for dK and dV
-    alone, or one ``supports`` refuses, stays on the ``tl`` kernels."""
+    alone, one that asks for the two tl kernels (``backward="two-kernel"``), or one ``supports``
+    refuses, stays on the ``tl`` kernels."""
     from flashattn import runtime
     from flashattn.fast.backward import fast_attention_backward
 
@@ -272,6 +277,8 @@ def test_the_fast_backward_hands_a_preferred_call_to_the_gluon_backward(monkeypa
     monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("dK, dV alone went to the Gluon backward"))
     dq, dk, dv = fast_attention_backward(q, k, v, o, do, lse, False, 0.125, needs_dq=False)
     assert dq is None and dk.shape == k.shape
+    monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("backward='two-kernel' went to Gluon"))
+    assert fast_attention_backward(q, k, v, o, do, lse, False, 0.125, fused=False)[0].shape == q.shape
     monkeypatch.setattr(hopper, "launch_backward", lambda *a, **kw: pytest.fail("went to the Gluon backward"))
     with hopper.tl_backward_only():                  # the benchmarks' baseline
         assert fast_attention_backward(q, k, v, o, do, lse, False, 0.125)[0].shape == q.shape

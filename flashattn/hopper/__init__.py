@@ -118,11 +118,12 @@ def preferred(q, k, causal: bool):
     return None
 
 
-#: Where the Gluon backward measured faster than the ``tl`` one: (head dim, causal) -> (fewest keys,
-#: variant of ``backward.VARIANTS``). On the H200 (``results/gluon_backward_h200.txt``): D 64 with the
-#: causal mask, "ws_tma" (a producer warp, the mask on diagonal and edge tiles only), 1.00-1.02x the
-#: ``tl`` backward at 4k keys and 1.05-1.09x at 16k. Elsewhere ``tl`` stays: the best variant is
-#: 0.98-1.03x at D 64 without the mask (within run-to-run spread) and 0.79-0.92x at D 128.
+#: Where the Gluon backward measured as fast as the ``tl`` one or faster: (head dim, causal) -> (fewest
+#: keys, variant of ``backward.VARIANTS``). On the H200 (``results/gluon_backward_h200.txt``): D 64 with
+#: the causal mask, "ws_tma" (a producer warp, the mask on diagonal and edge tiles only), on par at 4k
+#: keys (0.997-1.02x over three runs) and 1.05-1.09x at 16k. Elsewhere ``tl`` stays: the best variant is
+#: 0.98-1.03x at D 64 without the mask (within run-to-run spread) and 0.79-0.92x at D 128. Measured on
+#: an H200 only; other sm_90 parts (H100, H20) take the same table.
 BACKWARD_PREFERRED: dict = {(64, True): (4096, "ws_tma")}
 
 

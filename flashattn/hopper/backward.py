@@ -2,7 +2,7 @@
 that computes dK and dV in registers and adds its share of dQ into an fp32 buffer.
 
 The fast path takes it where ``hopper.BACKWARD_PREFERRED`` names a variant: D 64 with the causal
-mask from 4k keys ("ws_tma", 1.00-1.09x the ``tl`` backward). On an H200 (2026-11-29,
+mask from 4k keys ("ws_tma": on par with the ``tl`` backward at 4k keys, 1.05-1.09x at 16k). On an H200 (2026-11-29,
 ``results/gluon_backward_h200.txt``), bf16, B*S = 16k, H*D = 2048, S 4k/16k, the best variant is
 0.98-1.03x the ``tl`` fast backward at D 64 without the mask, 0.79-0.92x at D 128, and 0.65-0.82x
 cuDNN's throughout. Every variant is correct there:
@@ -47,8 +47,8 @@ spilled 168-188 bytes with it whole and none (8 causal) in halves. What the H200
   per tile ("ws_tma") or 3 ("ws_tma3": three slots, each released a tile late, after the next
   tile's barrier) against "tma"'s 7 (offline PTX, D 64; of the 3, the barrier pass adds one before
   dS^T's store and one before the arrive on "empty"). D 64: 168 registers, no spill; "ws_tma3" is
-  the fastest variant without the mask (0.98-1.03x ``tl``), "ws_tma" with it (1.00-1.09x, with the
-  mask on edge tiles only, below). D 128 spills 56-60 bytes ("ws_tma") or 200-276
+  the fastest variant without the mask (0.98-1.03x ``tl``), "ws_tma" with it (on par at 4k keys,
+  1.05-1.09x at 16k, with the mask on edge tiles only, below). D 128 spills 56-60 bytes ("ws_tma") or 200-276
   ("ws_tma3") inside the consumers, which ptxas does give 240 registers (``setmaxnreg``, seen in
   the SASS): their live set is larger, and both are slower than "prefetch" there.
 
