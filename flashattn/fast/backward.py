@@ -498,12 +498,12 @@ def fast_attention_backward(q, k, v, o, do, lse, causal: bool, scale: float,
     A plain fp16/bf16 call of the two kernels replays the launch plan of an earlier call of the
     same signature (``plans.py``: the host's work done once). On Hopper, where ``hopper.BACKWARD_PREFERRED``
     names a Gluon variant that measured faster (D 64 causal from 4k keys), a plain call of both gradients runs it."""
-    if (hopper.BACKWARD_PREFERRED and fused is None and needs_dq and needs_dkdv     # ("auto" only: not a kernel asked for)
-            and plans.covers(q, config, warmup, layout, window_args, dropout_p) and do.dtype == q.dtype):
-        variant = hopper.preferred_backward(q, k, causal)
+    covered = plans.covers(q, config, warmup, layout, window_args, dropout_p)
+    if fused is None and needs_dq and needs_dkdv and covered and do.dtype == q.dtype:   # "auto" only: no kernel asked for
+        variant = hopper.preferred_backward(q, k, causal)          # a dict lookup: None for most calls
         if variant is not None and hopper.supports(q, k, v, causal, scale)[0]:
             return hopper.launch_backward(q, k, v, o, do, lse, causal, scale, variant, delta=backward_delta(o, do))
-    if fused is not True and plans.covers(q, config, warmup, layout, window_args, dropout_p) and plans.enabled():
+    if fused is not True and covered and plans.enabled():
         inputs = (q, k, v, o, do, lse)
         return plans.replay_or_record(plans.signature(inputs, ("bwd", causal, scale, needs_dq, needs_dkdv)), inputs,
                                       lambda: _launch_backward(q, k, v, o, do, lse, causal, scale, needs_dq,
