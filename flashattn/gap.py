@@ -364,24 +364,24 @@ def reading(rows: list[dict], profile: dict) -> list[str]:
             f"{_span([k['issue_active_pct'] for k in ours], 0)}% against {_span([k['issue_active_pct'] for k in theirs], 0)}%, "
             f"warps ready per scheduler {_span([k['warps_eligible_per_scheduler'] for k in ours])} against "
             f"{_span([k['warps_eligible_per_scheduler'] for k in theirs])}.")
-        for label, group in (("S = 1k", [c for c in configs if c["S"] <= 1024 and not _gluon_backward(c)]),
-                             ("S >= 4k", [c for c in configs if c["S"] > 1024 and not _gluon_backward(c)]),
-                             ("the Gluon backward", [c for c in configs if _gluon_backward(c)])):
+        tl = [c for c in configs if not _gluon_backward(c)]
+        gluon = [c for c in configs if _gluon_backward(c)]
+        gluon_where = "the Gluon backward (" + ", ".join(
+            f"S = {c['S'] // 1024}k{' causal' if c['causal'] else ''}" for c in sorted(gluon, key=lambda c: (c["S"], c["causal"]))) + ")"
+        for where, group, products in (
+                ("S = 1k", [c for c in tl if c["S"] <= 1024], "seven matrix products against five"),
+                ("S >= 4k", [c for c in tl if c["S"] > 1024], "seven matrix products against five"),
+                (gluon_where, gluon, "one kernel: the same five matrix products")):
             bwd = [compare(c, "bwd") for c in group]
             if not bwd:
                 continue
             shapes = {(c["S"], c["causal"]) for c in group}
             bench_bwd = [r["vs_cudnn"] for r in rows if r["D"] == D and r["direction"] == "bwd"
                          and (r["S"], r["causal"]) in shapes]
-            where = label if label != "the Gluon backward" else (
-                "the Gluon backward (" + ", ".join(f"S = {S // 1024}k{' causal' if causal else ''}"
-                                                   for S, causal in sorted(shapes)) + ")")
             lines.append(
                 f"- **D = {D} backward, {where}** ({_span(bench_bwd)}x cuDNN in the benchmark): "
-                f"{_span([c['flop_ratio'] for c in bwd])}x cuDNN's tensor FLOPs "
-                + ("(one kernel: the same five matrix products) " if label == "the Gluon backward" else
-                   "(seven matrix products against five) ")
-                + f"at {_span([c['rate_ratio'] for c in bwd])}x its rate in the matrix kernels; at equal rates "
+                f"{_span([c['flop_ratio'] for c in bwd])}x cuDNN's tensor FLOPs ({products}) "
+                f"at {_span([c['rate_ratio'] for c in bwd])}x its rate in the matrix kernels; at equal rates "
                 f"the FLOPs alone would put them at {_span([1 / c['flop_ratio'] for c in bwd])}x. The small "
                 f"kernels take {_span([c['other_ms'][0] for c in bwd])} ms of ours against "
                 f"{_span([c['other_ms'][1] for c in bwd])} ms of cuDNN's.")
